@@ -1,0 +1,60 @@
+# One entry point for humans and CI (.ci/run calls `make test`).
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Lint only the directories that exist (chaos/ and bench/ may not yet).
+LINT_DIRS := $(wildcard deadman tests chaos bench)
+
+# First interpreter that is Python >= 3.11 (pyenv shims for missing versions fail the
+# probe and are skipped). Recursive (?=), so it is only probed when a venv is created.
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& { echo "$$p"; break; }; done)
+
+.PHONY: help venv install check fmt test demo clean db-start db-stop
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "error: Python >= 3.11 not found (set PYTHON=...)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs only when pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[dev]'
+	touch $@
+
+venv: install ## Same as install
+install: $(STAMP) ## Create .venv and install the package with dev extras
+
+check: install ## Lint, format check and type check
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
+	$(BIN)/mypy
+
+fmt: install ## Format and auto-fix lint
+	$(BIN)/ruff format $(LINT_DIRS)
+	$(BIN)/ruff check --fix $(LINT_DIRS)
+
+# pytest exits 5 when it collects nothing; that fails the target like any failure.
+test: check ## check, then the whole test suite
+	$(BIN)/pytest -q -p no:cacheprovider
+
+demo: install ## Start a private Postgres and run the demo
+	$(BIN)/deadman demo
+
+db-start: install ## Start the private demo Postgres (.deadman/)
+	$(BIN)/deadman devdb start
+
+db-stop: install ## Stop the private demo Postgres
+	$(BIN)/deadman devdb stop
+
+clean: ## Stop the demo Postgres, remove .venv, .deadman and caches
+	-@test -x $(BIN)/deadman && $(BIN)/deadman devdb stop
+	rm -rf $(VENV) .deadman .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

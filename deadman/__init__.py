@@ -1,0 +1,27 @@
+"""Deadman: a Postgres-backed job queue with fenced leases.
+
+Execution is at-least-once; effects written through ``ctx.transaction()`` are
+exactly-once, because the job's completion commits in the same transaction,
+guarded by the lease's fencing token.
+"""
+
+from __future__ import annotations
+
+from deadman.client import Client
+from deadman.errors import DeadmanError, DuplicateKey, LeaseLost
+from deadman.model import Backoff, Job, JobState
+from deadman.registry import Registry
+from deadman.worker.context import JobContext
+
+__all__ = [
+    "Backoff",
+    "Client",
+    "DeadmanError",
+    "DuplicateKey",
+    "Job",
+    "JobContext",
+    "JobState",
+    "LeaseLost",
+    "Registry",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,158 @@
+"""``deadman.Client``: enqueue jobs from Python.
+
+``enqueue(..., conn=their_connection)`` runs on the caller's psycopg connection, so
+the job joins the caller's transaction: invisible until they commit, gone if they
+roll back. That is the transactional-outbox pattern without an outbox table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from deadman.config import Settings
+from deadman.errors import ConfigError, DuplicateKey
+from deadman.model import Backoff, Job
+from deadman.store import NewJob, SyncConn, SyncStore
+
+
+def _to_ms(value: timedelta | float | int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return round(value.total_seconds() * 1000)
+    return round(float(value) * 1000)
+
+
+class Client:
+    """A thread-safe client. ``dsn`` defaults to ``DEADMAN_DATABASE_URL``."""
+
+    def __init__(self, dsn: str | None = None, *, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.dsn = dsn or self.settings.database_url
+        if not self.dsn:
+            raise ConfigError("DEADMAN_DATABASE_URL is not set and no dsn was given")
+        self._store = SyncStore()
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+
+    def _get_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                self.dsn or "", min_size=1, max_size=4, open=True, name="deadman-client"
+            )
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def job(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        timeout: timedelta | float | None = None,
+        idempotency_key: str | None = None,
+    ) -> NewJob:
+        """Build (and validate) a job without sending it; for :meth:`enqueue_many`."""
+        return NewJob(
+            type=type,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay_ms=_to_ms(delay) or 0,
+            max_attempts=max_attempts,
+            backoff=backoff or Backoff(),
+            timeout_ms=_to_ms(timeout),
+            idempotency_key=idempotency_key,
+        )
+
+    def enqueue(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        timeout: timedelta | float | None = None,
+        idempotency_key: str | None = None,
+        conn: SyncConn | None = None,
+    ) -> Job:
+        """Enqueue one job and return it.
+
+        With ``idempotency_key``: a repeat of the same request returns the job that
+        already exists; the same key with a different request raises
+        :class:`DuplicateKey`.
+        """
+        new = self.job(
+            type,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+            idempotency_key=idempotency_key,
+        )
+        if conn is not None:
+            return self._enqueue_on(conn, new)
+        with self._get_pool().connection() as own:
+            return self._enqueue_on(own, new)
+
+    def _enqueue_on(self, conn: SyncConn, new: NewJob) -> Job:
+        job = self._store.job_insert(conn, new, self.settings.max_attempts)
+        if job is not None:
+            return job
+        assert new.idempotency_key is not None  # only a key conflict inserts nothing
+        existing = self._store.job_get_by_idempotency_key(conn, new.idempotency_key)
+        if existing is None:  # pragma: no cover - the row was pruned in between
+            raise DuplicateKey(f"idempotency key {new.idempotency_key!r} is in use")
+        if existing.request_hash != new.request_hash():
+            raise DuplicateKey(
+                f"idempotency key {new.idempotency_key!r} was used for a different request "
+                f"(job {existing.id})"
+            )
+        return existing
+
+    def enqueue_many(self, jobs: Iterable[NewJob], *, conn: SyncConn | None = None) -> list[int]:
+        """Enqueue many jobs with COPY in one transaction; returns the new ids in order.
+
+        Jobs whose idempotency key already exists are skipped (their ids are not in
+        the result).
+        """
+        batch: Sequence[NewJob] = list(jobs)
+        if not batch:
+            return []
+        if conn is not None:
+            with conn.transaction():
+                return self._store.job_insert_many(conn, batch, self.settings.max_attempts)
+        with self._get_pool().connection() as own, own.transaction():
+            return self._store.job_insert_many(own, batch, self.settings.max_attempts)
+
+    def get(self, job_id: int) -> Job | None:
+        with self._get_pool().connection() as conn:
+            return self._store.job_get(conn, job_id)

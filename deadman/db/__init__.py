@@ -1,0 +1,1 @@
+"""Database plumbing: the named-query loader, connection pools and migrations."""

@@ -1,0 +1,121 @@
+"""Apply ``migrations/NNNN_name.sql`` in order: each in its own transaction, all under
+an advisory lock, recorded in ``deadman.schema_migrations``.
+
+Re-running is a no-op. A database that has a migration this code does not know
+(it is newer than the code) is refused: running old workers against a newer schema
+is how a fleet quietly loses jobs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+
+import psycopg
+
+from deadman.db.queries import QUERIES
+from deadman.errors import SchemaMismatch
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def _migrations_dir() -> Traversable:
+    """Inside the wheel they live at ``deadman/migrations``; in a checkout, at the top."""
+    packaged = resources.files("deadman").joinpath("migrations")
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def available() -> list[Migration]:
+    found: list[Migration] = []
+    for entry in _migrations_dir().iterdir():
+        m = _FILE.match(entry.name)
+        if m:
+            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
+    found.sort(key=lambda mig: mig.version)
+    versions = [mig.version for mig in found]
+    if len(set(versions)) != len(versions):
+        raise SchemaMismatch(f"two migrations share a version number: {versions}")
+    return found
+
+
+def latest_version() -> int:
+    migs = available()
+    return migs[-1].version if migs else 0
+
+
+def migrate(dsn: str) -> list[int]:
+    """Bring the database up to date. Returns the versions applied by this call."""
+    migrations = available()
+    known = {m.version for m in migrations}
+    applied_now: list[int] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute(QUERIES["migrations_lock"])
+            conn.execute(QUERIES["migrations_prepare"])
+        # Each migration in its own transaction, each re-taking the lock and
+        # re-reading what is applied, so concurrent migrators apply each file once.
+        for mig in migrations:
+            with conn.transaction():
+                conn.execute(QUERIES["migrations_lock"])
+                done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
+                unknown = sorted(done - known)
+                if unknown:
+                    raise SchemaMismatch(
+                        f"the database has migrations {unknown} that this version of "
+                        f"Deadman does not know (it knows up to {max(known, default=0)}); "
+                        "upgrade Deadman instead of running old code against a newer schema"
+                    )
+                if mig.version in done:
+                    continue
+                conn.execute(mig.sql.encode())
+                conn.execute(
+                    QUERIES["migrations_record"], {"version": mig.version, "name": mig.name}
+                )
+                applied_now.append(mig.version)
+        if not migrations:
+            return applied_now
+        with conn.transaction():
+            done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
+            unknown = sorted(done - known)
+            if unknown:
+                raise SchemaMismatch(
+                    f"the database has migrations {unknown} that this version of Deadman "
+                    f"does not know (it knows up to {max(known)})"
+                )
+    return applied_now
+
+
+def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+    row = conn.execute(QUERIES["schema_version_get"]).fetchone()
+    return None if row is None or row[0] is None else int(str(row[0]))
+
+
+def check_current(dsn: str) -> None:
+    """Raise :class:`SchemaMismatch` unless the database is exactly at our version."""
+    want = latest_version()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        have = current_version(conn)
+    if have is None:
+        raise SchemaMismatch("the database has no Deadman schema; run `deadman migrate`")
+    if have < want:
+        raise SchemaMismatch(
+            f"the database schema is at version {have}, this code needs {want}; "
+            "run `deadman migrate`"
+        )
+    if have > want:
+        raise SchemaMismatch(
+            f"the database schema is at version {have}, newer than this code ({want}); "
+            "upgrade Deadman"
+        )

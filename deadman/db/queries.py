@@ -1,0 +1,41 @@
+"""Load ``queries.sql`` into ``QUERIES``: query name -> SQL text.
+
+The file is split on ``-- name: <query_name>`` lines. Values are typed as
+``LiteralString`` so that mypy refuses SQL assembled from runtime strings anywhere
+they flow (the same trick procrastinate uses).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import LiteralString, cast
+
+_NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, LiteralString]:
+    """Split a named-query file; duplicate or empty queries are a programming error."""
+    parts = _NAME.split(text)
+    queries: dict[str, LiteralString] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines()]
+        sql = "\n".join(lines).strip()
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        if not _strip_comments(sql):
+            raise ValueError(f"query {name!r} is empty")
+        queries[name] = cast(LiteralString, sql)  # type: ignore[redundant-cast]
+    return queries
+
+
+def _strip_comments(sql: str) -> str:
+    return "\n".join(ln for ln in sql.splitlines() if not ln.lstrip().startswith("--")).strip()
+
+
+def load() -> dict[str, LiteralString]:
+    text = resources.files("deadman.db").joinpath("queries.sql").read_text(encoding="utf-8")
+    return parse(text)
+
+
+QUERIES: dict[str, LiteralString] = load()

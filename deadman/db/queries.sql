@@ -1,0 +1,276 @@
+-- Deadman's named queries. The loader (deadman/db/queries.py) reads this file into
+-- a dict of name -> SQL; the store has exactly one method per query. Values are
+-- always parameters (%(name)s); runtime code never builds SQL from strings.
+--
+-- Every write a worker makes about a job is fenced:
+--     WHERE id = $id AND lease_token = $token AND state = 'running'
+-- Zero rows means the lease is lost; the worker abandons the job.
+
+-- name: migrations_prepare
+-- The bookkeeping table for migrations; created before anything else.
+CREATE SCHEMA IF NOT EXISTS deadman;
+CREATE TABLE IF NOT EXISTS deadman.schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_lock
+-- Serialise concurrent `deadman migrate` runs (held to the end of the transaction).
+SELECT pg_advisory_xact_lock(716341, 1);
+
+-- name: migrations_applied
+SELECT version, name FROM deadman.schema_migrations ORDER BY version;
+
+-- name: migrations_record
+INSERT INTO deadman.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_version_get
+-- The highest applied migration, or NULL before the first `deadman migrate`.
+SELECT CASE WHEN to_regclass('deadman.schema_migrations') IS NULL THEN NULL
+            ELSE (SELECT max(version) FROM deadman.schema_migrations) END AS version;
+
+-- name: job_insert
+-- One job. A due job is 'queued', a future one 'scheduled'. With an idempotency key
+-- that is already taken this inserts nothing and returns no row; the caller then
+-- reads the existing job (ON CONFLICT waits for a concurrent inserter to finish, so
+-- the existing row is visible to the next statement).
+WITH v AS (
+    SELECT COALESCE(%(run_at)s::timestamptz,
+                    now() + %(delay_ms)s::bigint * interval '1 millisecond') AS run_at
+)
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key, request_hash)
+SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
+       CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       %(max_attempts)s, %(backoff)s, %(timeout_ms)s, v.run_at,
+       %(idempotency_key)s, %(request_hash)s
+FROM v
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: job_stage_prepare
+-- A per-session staging table for COPY-based bulk enqueue; emptied at commit.
+CREATE TEMP TABLE IF NOT EXISTS deadman_stage (
+    ord bigint, type text, queue text, priority integer, payload jsonb, max_attempts integer,
+    backoff jsonb, timeout_ms integer, run_at timestamptz, delay_ms bigint,
+    idempotency_key text
+) ON COMMIT DELETE ROWS;
+
+-- name: job_stage_copy
+COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, backoff,
+                            timeout_ms, run_at, delay_ms, idempotency_key) FROM STDIN;
+
+-- name: job_insert_staged
+-- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
+-- Rows whose idempotency key is taken are skipped; the caller learns which by id.
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key)
+SELECT s.type, s.queue, s.priority, s.payload,
+       CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key
+FROM pg_temp.deadman_stage s
+CROSS JOIN LATERAL (
+    SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
+) AS r(run_at)
+ORDER BY s.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: job_get
+SELECT * FROM deadman.jobs WHERE id = %(id)s;
+
+-- name: job_get_by_idempotency_key
+SELECT * FROM deadman.jobs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: job_claim
+-- Claim up to %(limit)s due jobs of one queue for one worker.
+-- The candidates CTE locks exactly the rows it returns (never
+-- `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`: the planner may re-run that
+-- subquery and claim more than n). SKIP LOCKED lets concurrent claimers take
+-- disjoint sets; a short batch therefore does not mean an empty queue.
+-- Claiming a due 'scheduled' or 'retrying' job is its promotion.
+WITH candidates AS (
+    SELECT id
+    FROM deadman.jobs
+    WHERE queue = %(queue)s
+      AND state IN ('queued', 'scheduled', 'retrying')
+      AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deadman.jobs j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    lease_token = nextval('deadman.lease_token_seq'),
+    lease_worker = %(worker)s,
+    lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
+    started_at = now()
+FROM candidates c
+WHERE j.id = c.id
+RETURNING j.*;
+
+-- name: job_next_run_at
+-- When the next not-yet-due job of a queue becomes due (lets an idle producer sleep
+-- exactly until then instead of a whole poll interval).
+SELECT min(run_at) - now() AS wait
+FROM deadman.jobs
+WHERE queue = %(queue)s
+  AND state IN ('queued', 'scheduled', 'retrying')
+  AND run_at > now();
+
+-- name: job_finish_many
+-- End many attempts in one statement: success, retry, dead, cancelled or released.
+-- Fenced: only rows still running under the caller's token change. Each ended
+-- attempt gets its history row in the same statement. Returns the ids that changed;
+-- an id missing from the result is a lost lease.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[],
+                %(outcomes)s::text[], %(delays_ms)s::bigint[], %(errors)s::text[],
+                %(results)s::jsonb[])
+         AS t(id, token, state, outcome, delay_ms, error, result)
+), done AS (
+    UPDATE deadman.jobs j
+    SET state = i.state,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN i.state IN ('succeeded', 'dead', 'cancelled') THEN now() END,
+        run_at = CASE WHEN i.state IN ('retrying', 'queued')
+                      THEN now() + i.delay_ms * interval '1 millisecond'
+                      ELSE j.run_at END,
+        -- a released attempt (graceful shutdown) does not use up an attempt
+        attempt = CASE WHEN i.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        last_error = COALESCE(i.error, j.last_error),
+        result = i.result
+    FROM input i
+    WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, i.token, i.outcome, i.error
+), history AS (
+    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+                                  outcome, error)
+    SELECT token, id, CASE WHEN outcome = 'released' THEN attempt + 1 ELSE attempt END,
+           lease_worker, started_at, outcome, error
+    FROM done
+)
+SELECT id FROM done;
+
+-- name: job_heartbeat_many
+-- The one statement a worker sends per heartbeat interval: it renews every lease the
+-- worker holds (fenced) and its own liveness row. lease_expires_at is not indexed,
+-- so these updates stay HOT. Returns the renewed jobs and whether a cancel was asked.
+WITH alive AS (
+    INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency)
+    VALUES (%(worker)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s)
+    ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()
+)
+UPDATE deadman.jobs j
+SET lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'running'
+RETURNING j.id, j.cancel_requested;
+
+-- name: worker_deregister
+DELETE FROM deadman.workers WHERE id = %(worker)s;
+
+-- name: worker_prune_stale
+-- Forget workers that have not sent a heartbeat for a long time (they are gone).
+DELETE FROM deadman.workers
+WHERE last_heartbeat_at < now() - %(older_than_ms)s::bigint * interval '1 millisecond';
+
+-- name: queue_notify
+-- Wake idle producers of these queues (after a rescue or a release made jobs due).
+SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: rescuer_try_lock
+-- Leadership for one rescuer tick: only the holder of this transaction-level lock
+-- acts; the others skip the tick. Dies with the transaction, so a crashed leader
+-- never blocks the next one.
+SELECT pg_try_advisory_xact_lock(716341, 2) AS leader;
+
+-- name: job_rescue_expired
+-- Running jobs whose lease lapsed (by the database clock) go back to 'queued'
+-- without using an attempt and with rescues + 1, or to 'dead' once rescues exceeds
+-- %(max_rescues)s: a poison pill that kills every worker that touches it must not
+-- take the fleet down forever. A job whose cancel was requested ends 'cancelled'.
+-- SKIP LOCKED: a row being completed right now is left alone; that completion
+-- either commits first (then the row is no longer running) or finds its token gone.
+WITH expired AS (
+    SELECT id, lease_token, lease_worker, started_at, attempt
+    FROM deadman.jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), rescued AS (
+    UPDATE deadman.jobs j
+    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                     WHEN j.rescues + 1 > %(max_rescues)s THEN 'dead'
+                     ELSE 'queued' END,
+        rescues = j.rescues + 1,
+        attempt = CASE WHEN j.cancel_requested OR j.rescues + 1 > %(max_rescues)s
+                       THEN j.attempt ELSE j.attempt - 1 END,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN j.cancel_requested OR j.rescues + 1 > %(max_rescues)s
+                           THEN now() END,
+        last_error = CASE WHEN j.cancel_requested THEN 'cancelled while its lease was lost'
+                          WHEN j.rescues + 1 > %(max_rescues)s
+                          THEN format('lease expired %%s times (max_rescues %%s): '
+                                      'the job keeps killing or stalling its worker',
+                                      j.rescues + 1, %(max_rescues)s)
+                          ELSE j.last_error END
+    FROM expired e
+    WHERE j.id = e.id
+    RETURNING j.id, j.state, j.queue, e.lease_token, e.lease_worker, e.started_at, e.attempt
+), history AS (
+    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+                                  outcome, error)
+    SELECT lease_token, id, attempt, lease_worker, started_at, 'lease_expired',
+           'lease expired before the worker finished'
+    FROM rescued
+)
+SELECT id, state, queue FROM rescued;
+
+-- name: job_prune_finished
+-- Retention: delete finished jobs older than their state's retention, in batches.
+WITH doomed AS (
+    (SELECT id FROM deadman.jobs
+     WHERE state = 'succeeded'
+       AND finished_at < now() - %(succeeded_ms)s::bigint * interval '1 millisecond'
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id FROM deadman.jobs
+     WHERE state IN ('dead', 'cancelled')
+       AND finished_at < now() - %(failed_ms)s::bigint * interval '1 millisecond'
+     LIMIT %(limit)s)
+)
+DELETE FROM deadman.jobs j USING doomed d WHERE j.id = d.id
+RETURNING j.id;
+
+-- name: job_attempts
+SELECT lease_token, job_id, attempt, worker, started_at, finished_at, outcome, error
+FROM deadman.attempts WHERE job_id = %(id)s ORDER BY lease_token;
+
+-- name: job_count_by_state
+SELECT state, count(*) AS n FROM deadman.jobs
+WHERE id = ANY(%(ids)s::bigint[]) GROUP BY state;
+
+-- name: job_get_many
+SELECT * FROM deadman.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
+
+-- name: effect_insert
+-- The side-effect handler's effect; runs inside ctx.transaction(), so it commits
+-- only together with the fenced completion.
+INSERT INTO deadman.effects (job_id, lease_token) VALUES (%(job_id)s, %(lease_token)s);
+
+-- name: effect_count
+SELECT count(*) AS n FROM deadman.effects WHERE job_id = %(job_id)s;
+
+-- name: lease_refusal_record
+-- Evidence of refused zombie writes (see deadman.lease_refusals).
+INSERT INTO deadman.lease_refusals (job_id, lease_token, worker, action)
+SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(workers)s::text[],
+                     %(actions)s::text[]);

@@ -1,0 +1,79 @@
+"""The error hierarchy, and the one place psycopg errors become ours.
+
+Callers catch :class:`DeadmanError` or one of its few children; they never need to
+know psycopg's exception zoo. :func:`translate` is the single boundary: the store
+wraps every database call in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import errors as pgerr
+
+
+class DeadmanError(Exception):
+    """Root of every error Deadman raises on purpose."""
+
+
+class ConfigError(DeadmanError):
+    """A setting is missing or nonsense; the message names the variable."""
+
+
+class LeaseLost(DeadmanError):
+    """A fenced write matched no row: another worker (or the rescuer) owns the job now.
+
+    The worker must abandon the job. Nothing it wrote in the same transaction commits.
+    """
+
+
+class DuplicateKey(DeadmanError):
+    """An idempotency key is already taken by a job with a different request."""
+
+
+class InvalidJob(DeadmanError):
+    """A job's fields break a rule (bad type name, priority out of range, ...)."""
+
+
+class IllegalTransition(DeadmanError):
+    """A state change that the transition table does not allow."""
+
+
+class NotFound(DeadmanError):
+    """No such job (or queue, or workflow)."""
+
+
+class Conflict(DeadmanError):
+    """The job is in a state where the requested action makes no sense."""
+
+
+class SchemaMismatch(DeadmanError):
+    """The database's schema version is not the one this code was written for."""
+
+
+class DatabaseUnavailable(DeadmanError):
+    """Postgres could not be reached, or the pool had no connection in time.
+
+    Transient: retrying later may succeed (HTTP turns it into 503 + Retry-After).
+    """
+
+
+@contextmanager
+def translate() -> Iterator[None]:
+    """Turn psycopg errors into Deadman errors, keeping the cause chained."""
+    try:
+        yield
+    except DeadmanError:
+        raise
+    except pgerr.UniqueViolation as exc:
+        raise DuplicateKey(str(exc.diag.message_detail or exc)) from exc
+    except (pgerr.CheckViolation, pgerr.NotNullViolation, pgerr.InvalidTextRepresentation) as exc:
+        raise InvalidJob(str(exc.diag.message_primary or exc)) from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise DatabaseUnavailable(str(exc)) from exc
+    except Exception as exc:  # pool timeouts live outside psycopg's error tree
+        if type(exc).__name__ in {"PoolTimeout", "TooManyRequests", "PoolClosed"}:
+            raise DatabaseUnavailable(str(exc)) from exc
+        raise

@@ -1,0 +1,228 @@
+"""Job states, the one transition table, the Job record and backoff policies.
+
+The table below is the law: the store's queries only ever perform moves listed
+here, and ``tests/unit/test_model.py`` checks every pair of states against it.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from deadman.errors import IllegalTransition, InvalidJob
+
+
+class JobState(enum.StrEnum):
+    WAITING = "waiting"
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+S = JobState
+TERMINAL: frozenset[JobState] = frozenset({S.SUCCEEDED, S.DEAD, S.CANCELLED})
+#: States a worker may claim from once ``run_at <= now()``. Claiming a due
+#: ``scheduled`` or ``retrying`` job is its promotion; no separate scheduler pass.
+CLAIMABLE: frozenset[JobState] = frozenset({S.QUEUED, S.SCHEDULED, S.RETRYING})
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # waiting: dependencies not finished yet (workflows)
+    S.WAITING: frozenset({S.QUEUED, S.SCHEDULED, S.CANCELLED}),
+    # scheduled: run_at in the future; claimed directly once due
+    S.SCHEDULED: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED}),
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED}),
+    S.RUNNING: frozenset(
+        {
+            S.SUCCEEDED,  # handler returned (fenced)
+            S.RETRYING,  # handler raised, attempts left
+            S.DEAD,  # attempts exhausted, or rescued too often (poison pill)
+            S.QUEUED,  # lease expired and rescued, or released on shutdown
+            S.CANCELLED,  # cooperative cancel
+        }
+    ),
+    S.RETRYING: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.DEAD: frozenset({S.QUEUED}),  # dead-letter replay
+    S.CANCELLED: frozenset({S.QUEUED}),  # manual retry
+}
+
+
+def can_transition(src: JobState, dst: JobState) -> bool:
+    return dst in TRANSITIONS[src]
+
+
+def check_transition(src: JobState, dst: JobState) -> None:
+    if not can_transition(src, dst):
+        raise IllegalTransition(f"a job cannot move from {src.value} to {dst.value}")
+
+
+class AttemptOutcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LEASE_EXPIRED = "lease_expired"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+QUEUE_RE = TYPE_RE
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
+def validate_type(name: str) -> str:
+    if not TYPE_RE.fullmatch(name):
+        raise InvalidJob(f"job type {name!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    return name
+
+
+def validate_queue(name: str) -> str:
+    if not QUEUE_RE.fullmatch(name):
+        raise InvalidJob(f"queue {name!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    return name
+
+
+def validate_priority(priority: int) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJob("priority must be an integer")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidJob(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
+    return priority
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """When to try again after a failed attempt.
+
+    ``exponential``: ``base_ms * 2**(attempt-1)`` capped at ``max_ms``; with ``full``
+    jitter the delay is uniform in ``[0, that]`` (AWS's "full jitter": retries of
+    many jobs that failed together spread out instead of stampeding back at once).
+    ``fixed``: ``base_ms`` every time (jitter still applies if asked for).
+    """
+
+    strategy: Literal["exponential", "fixed"] = "exponential"
+    base_ms: int = 1000
+    max_ms: int = 300_000
+    jitter: Literal["full", "none"] = "full"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("exponential", "fixed"):
+            raise InvalidJob("backoff.strategy must be 'exponential' or 'fixed'")
+        if self.jitter not in ("full", "none"):
+            raise InvalidJob("backoff.jitter must be 'full' or 'none'")
+        if not 0 <= self.base_ms <= 86_400_000:
+            raise InvalidJob("backoff.base_ms must be between 0 and 86400000")
+        if not self.base_ms <= self.max_ms <= 86_400_000:
+            raise InvalidJob("backoff.max_ms must be between base_ms and 86400000")
+
+    def ceiling_ms(self, attempt: int) -> int:
+        """The largest delay after failed attempt number ``attempt`` (1-based)."""
+        if self.strategy == "fixed":
+            return self.base_ms
+        exp = min(max(attempt - 1, 0), 62)
+        return min(self.max_ms, self.base_ms * (1 << exp))
+
+    def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int:
+        ceiling = self.ceiling_ms(attempt)
+        if self.jitter == "none":
+            return ceiling
+        return (rng or random).randint(0, ceiling)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "base_ms": self.base_ms,
+            "max_ms": self.max_ms,
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Backoff:
+        if not data:
+            return cls()
+        return cls(
+            strategy=data.get("strategy", "exponential"),
+            base_ms=int(data.get("base_ms", 1000)),
+            max_ms=int(data.get("max_ms", 300_000)),
+            jitter=data.get("jitter", "full"),
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    worker: str
+    token: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job row as the code sees it."""
+
+    id: int
+    type: str
+    queue: str
+    priority: int
+    payload: Any
+    state: JobState
+    attempt: int
+    max_attempts: int
+    rescues: int
+    backoff: Backoff
+    timeout_ms: int | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    idempotency_key: str | None
+    lease: Lease | None
+    last_error: str | None
+    result: Any
+    cancel_requested: bool = False
+    request_hash: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        token = row.get("lease_token")
+        lease = None
+        if token is not None:
+            lease = Lease(
+                worker=row.get("lease_worker") or "",
+                token=int(token),
+                expires_at=row["lease_expires_at"],
+            )
+        return cls(
+            id=int(row["id"]),
+            type=row["type"],
+            queue=row["queue"],
+            priority=int(row["priority"]),
+            payload=row.get("payload"),
+            state=JobState(row["state"]),
+            attempt=int(row["attempt"]),
+            max_attempts=int(row["max_attempts"]),
+            rescues=int(row.get("rescues") or 0),
+            backoff=Backoff.from_json(row.get("backoff")),
+            timeout_ms=row.get("timeout_ms"),
+            run_at=row["run_at"],
+            created_at=row["created_at"],
+            started_at=row.get("started_at"),
+            finished_at=row.get("finished_at"),
+            idempotency_key=row.get("idempotency_key"),
+            lease=lease,
+            last_error=row.get("last_error"),
+            result=row.get("result"),
+            cancel_requested=bool(row.get("cancel_requested") or False),
+            request_hash=row.get("request_hash"),
+        )

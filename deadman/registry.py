@@ -1,0 +1,78 @@
+"""Handlers by job type: ``registry = Registry()``, ``@registry.handler("email")``.
+
+A handler is called with ``(job, ctx)``. ``async def`` handlers run on the worker's
+event loop; plain functions run in a thread pool so they cannot stall the loop
+(and with it the heartbeats that keep every other lease alive).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from deadman.errors import ConfigError
+from deadman.model import validate_type
+
+if TYPE_CHECKING:
+    from deadman.model import Job
+    from deadman.worker.context import JobContext
+
+HandlerFn = Callable[["Job", "JobContext"], Any]
+AsyncHandlerFn = Callable[["Job", "JobContext"], Awaitable[Any]]
+F = TypeVar("F", bound=HandlerFn)
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    type: str
+    fn: HandlerFn
+    is_async: bool
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, HandlerSpec] = {}
+
+    def handler(self, type: str) -> Callable[[F], F]:
+        def decorate(fn: F) -> F:
+            self.register(type, fn)
+            return fn
+
+        return decorate
+
+    def register(self, type: str, fn: HandlerFn) -> None:
+        validate_type(type)
+        if type in self._handlers:
+            raise ConfigError(f"a handler for {type!r} is already registered")
+        self._handlers[type] = HandlerSpec(type, fn, inspect.iscoroutinefunction(fn))
+
+    def get(self, type: str) -> HandlerSpec | None:
+        return self._handlers.get(type)
+
+    def types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def merged(self, other: Registry) -> Registry:
+        """A new registry with both sets of handlers; a type in both is an error."""
+        out = Registry()
+        for spec in [*self._handlers.values(), *other._handlers.values()]:
+            out.register(spec.type, spec.fn)
+        return out
+
+
+def load_registry(spec: str) -> Registry:
+    """Import ``pkg.module:attribute`` and return the Registry found there."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--app must look like pkg.module:registry, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app: cannot import {module_name!r}: {exc}") from exc
+    registry = getattr(module, attr, None)
+    if not isinstance(registry, Registry):
+        raise ConfigError(f"--app: {spec!r} is not a deadman.Registry")
+    return registry

@@ -1,0 +1,86 @@
+"""The rescuer: hands expired leases back, retires poison pills, prunes old jobs.
+
+It runs inside every worker process (and standalone as ``deadman rescuer``), but
+each tick only the process that wins a transaction-level advisory lock acts; the
+others skip. Leadership therefore needs no state and no hand-over: a leader that
+dies mid-tick releases the lock with its connection, and the next tick elects
+whoever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from deadman import logs, metrics
+from deadman.config import Settings
+from deadman.errors import DatabaseUnavailable
+from deadman.model import JobState
+from deadman.store import AsyncStore, PruneParams, RescueParams
+
+log = logs.get("deadman.rescuer")
+
+
+@dataclass
+class TickReport:
+    leader: bool
+    requeued: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)
+    pruned: int = 0
+
+
+class Rescuer:
+    def __init__(self, store: AsyncStore, settings: Settings, *, prune_every: int = 10) -> None:
+        self._store = store
+        self._settings = settings
+        self._stop = asyncio.Event()
+        self._prune_every = prune_every
+        self.ticks = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.tick()
+            except DatabaseUnavailable as exc:
+                log.warning("rescuer_db_unavailable", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._settings.rescue_s)
+
+    async def tick(self) -> TickReport:
+        self.ticks += 1
+        rescued = await self._store.job_rescue_expired(
+            RescueParams(max_rescues=self._settings.max_rescues)
+        )
+        if rescued is None:
+            return TickReport(leader=False)
+        report = TickReport(leader=True)
+        for r in rescued:
+            if r.state is JobState.QUEUED:
+                report.requeued.append(r.id)
+            elif r.state is JobState.DEAD:
+                report.dead.append(r.id)
+            else:
+                report.cancelled.append(r.id)
+            metrics.JOBS_RESCUED.labels(r.state.value).inc()
+            log.warning("job_rescued", job_id=r.id, queue=r.queue, to=r.state.value)
+        if report.requeued:
+            await self._store.queue_notify([r.queue for r in rescued if r.state is JobState.QUEUED])
+        if self.ticks % self._prune_every == 1:
+            report.pruned = await self._store.job_prune_finished(
+                PruneParams(
+                    succeeded_ms=int(self._settings.retention_succeeded_s * 1000),
+                    failed_ms=int(self._settings.retention_failed_s * 1000),
+                )
+            )
+            if report.pruned:
+                metrics.JOBS_PRUNED.inc(report.pruned)
+                log.info("jobs_pruned", count=report.pruned)
+            await self._store.worker_prune_stale(
+                int(max(self._settings.lease_ttl_s * 10, 300) * 1000)
+            )
+        return report

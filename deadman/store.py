@@ -1,0 +1,428 @@
+"""The store: the only seam between Deadman and Postgres.
+
+One method per named query in ``db/queries.sql`` (noun_verb: ``job_insert``,
+``job_claim``, ...), parameters as frozen dataclasses where there are more than
+two. Psycopg errors become Deadman errors here and nowhere else (``translate``).
+
+``AsyncStore`` serves the worker and the API (asyncio). ``SyncStore`` serves the
+Python client and sync handlers; it takes the caller's connection so that an
+enqueue can join the caller's own transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from deadman.db.queries import QUERIES
+from deadman.errors import DatabaseUnavailable, InvalidJob, translate
+from deadman.model import (
+    AttemptOutcome,
+    Backoff,
+    Job,
+    JobState,
+    check_transition,
+    validate_priority,
+    validate_queue,
+    validate_type,
+)
+
+AsyncConn = psycopg.AsyncConnection[DictRow]
+SyncConn = psycopg.Connection[Any]
+
+
+# --------------------------------------------------------------------------- params
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue. Validated on construction: bad input never reaches SQL."""
+
+    type: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    delay_ms: int = 0
+    max_attempts: int | None = None  # None: DEADMAN_MAX_ATTEMPTS
+    backoff: Backoff = field(default_factory=Backoff)
+    timeout_ms: int | None = None
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_type(self.type)
+        validate_queue(self.queue)
+        validate_priority(self.priority)
+        if self.run_at is not None and self.delay_ms:
+            raise InvalidJob("give run_at or delay, not both")
+        if self.run_at is not None and self.run_at.tzinfo is None:
+            raise InvalidJob("run_at must carry a time zone")
+        if self.delay_ms < 0:
+            raise InvalidJob("delay must not be negative")
+        if self.max_attempts is not None and not 1 <= self.max_attempts <= 1000:
+            raise InvalidJob("max_attempts must be between 1 and 1000")
+        if self.timeout_ms is not None and self.timeout_ms <= 0:
+            raise InvalidJob("timeout must be positive")
+        if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
+            raise InvalidJob("idempotency_key must be 1-255 characters")
+
+    def request_hash(self) -> str:
+        """A fingerprint of what was asked, to tell a replay from a different request."""
+        body = {
+            "type": self.type,
+            "payload": self.payload,
+            "queue": self.queue,
+            "priority": self.priority,
+            "run_at": self.run_at.isoformat() if self.run_at else None,
+            "delay_ms": self.delay_ms,
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff.to_json(),
+            "timeout_ms": self.timeout_ms,
+        }
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def params(self, default_max_attempts: int, request_hash: str | None = None) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "queue": self.queue,
+            "priority": self.priority,
+            "payload": Jsonb(self.payload),
+            "run_at": self.run_at,
+            "delay_ms": self.delay_ms,
+            "max_attempts": self.max_attempts or default_max_attempts,
+            "backoff": Jsonb(self.backoff.to_json()),
+            "timeout_ms": self.timeout_ms,
+            "idempotency_key": self.idempotency_key,
+            "request_hash": request_hash,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimParams:
+    queue: str
+    worker: str
+    limit: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one attempt ended, as the worker reports it (fenced by ``token``)."""
+
+    id: int
+    token: int
+    state: JobState
+    outcome: AttemptOutcome
+    delay_ms: int = 0
+    error: str | None = None
+    result: Any = None
+
+    def __post_init__(self) -> None:
+        check_transition(JobState.RUNNING, self.state)
+
+
+@dataclass(frozen=True)
+class HeartbeatParams:
+    worker: str
+    hostname: str
+    pid: int
+    queues: Sequence[str]
+    concurrency: int
+    ttl_ms: int
+    leases: Sequence[tuple[int, int]]  # (job id, lease token)
+
+
+@dataclass(frozen=True)
+class RescueParams:
+    max_rescues: int
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class PruneParams:
+    succeeded_ms: int
+    failed_ms: int
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class Rescued:
+    id: int
+    state: JobState
+    queue: str
+
+
+def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
+    return {
+        "ids": [f.id for f in finishes],
+        "tokens": [f.token for f in finishes],
+        "states": [f.state.value for f in finishes],
+        "outcomes": [f.outcome.value for f in finishes],
+        "delays_ms": [f.delay_ms for f in finishes],
+        "errors": [f.error for f in finishes],
+        "results": [Jsonb(f.result) for f in finishes],
+    }
+
+
+def heartbeat_params(p: HeartbeatParams) -> dict[str, Any]:
+    return {
+        "worker": p.worker,
+        "hostname": p.hostname,
+        "pid": p.pid,
+        "queues": list(p.queues),
+        "concurrency": p.concurrency,
+        "ttl_ms": p.ttl_ms,
+        "ids": [i for i, _ in p.leases],
+        "tokens": [t for _, t in p.leases],
+    }
+
+
+def _ms(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds() * 1000.0
+
+
+# --------------------------------------------------------------------------- async
+
+
+class AsyncStore:
+    """Async access for the worker and the API, over a connection pool.
+
+    Single-statement operations run in autocommit and are retried on transient
+    connection trouble (a Postgres restart, a killed backend) for up to
+    ``retry_s`` seconds; the pool replaces connections that are no longer usable.
+    Retrying a fenced write is safe: if the first try had committed, the retry
+    matches no row and reports the lease as lost, never a double effect.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConn], retry_s: float = 30.0) -> None:
+        self.pool = pool
+        self.retry_s = retry_s
+
+    @classmethod
+    def create(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, retry_s: float = 30.0
+    ) -> AsyncStore:
+        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            open=False,
+            timeout=10.0,
+            reconnect_timeout=0,  # keep trying to reconnect for as long as we live
+            name="deadman",
+        )
+        return cls(pool, retry_s=retry_s)
+
+    async def open(self, wait: bool = True, timeout: float = 30.0) -> None:
+        await self.pool.open(wait=wait, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _all(
+        self, name: LiteralString, params: dict[str, Any], retry_s: float | None = None
+    ) -> list[DictRow]:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(DatabaseUnavailable),
+            stop=stop_after_delay(self.retry_s if retry_s is None else retry_s),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            reraise=True,
+        ):
+            with attempt, translate():
+                async with self.pool.connection() as conn:
+                    cur = await conn.execute(QUERIES[name], params)
+                    return await cur.fetchall() if cur.description else []
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- enqueue and read ----------------------------------------------------------
+
+    async def job_insert(self, job: NewJob, default_max_attempts: int) -> Job | None:
+        rows = await self._all("job_insert", job.params(default_max_attempts, job.request_hash()))
+        return Job.from_row(rows[0]) if rows else None
+
+    async def job_get(self, job_id: int) -> Job | None:
+        rows = await self._all("job_get", {"id": job_id})
+        return Job.from_row(rows[0]) if rows else None
+
+    async def job_get_many(self, ids: Sequence[int]) -> list[Job]:
+        rows = await self._all("job_get_many", {"ids": list(ids)})
+        return [Job.from_row(r) for r in rows]
+
+    async def job_attempts(self, job_id: int) -> list[DictRow]:
+        return await self._all("job_attempts", {"id": job_id})
+
+    # -- the worker's path ---------------------------------------------------------
+
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
+        rows = await self._all(
+            "job_claim",
+            {"queue": p.queue, "worker": p.worker, "limit": p.limit, "ttl_ms": p.ttl_ms},
+            retry_s,
+        )
+        return [Job.from_row(r) for r in rows]
+
+    async def job_next_run_at(self, queue: str) -> float | None:
+        """Milliseconds until the queue's next not-yet-due job, or None if there is none."""
+        rows = await self._all("job_next_run_at", {"queue": queue})
+        return _ms(rows[0]["wait"]) if rows else None
+
+    async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
+        """End attempts; returns the ids that were still ours. Missing ids: lease lost."""
+        if not finishes:
+            return set()
+        rows = await self._all("job_finish_many", finish_params(finishes))
+        return {int(r["id"]) for r in rows}
+
+    async def job_finish_in(self, conn: AsyncConn, finishes: Sequence[Finish]) -> set[int]:
+        """Like job_finish_many, on the caller's connection and inside its transaction."""
+        with translate():
+            cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
+            return {int(r["id"]) for r in await cur.fetchall()}
+
+    async def job_heartbeat_many(
+        self, p: HeartbeatParams, retry_s: float | None = None
+    ) -> dict[int, bool]:
+        """Renew leases; returns {job id: cancel requested} for the leases still ours."""
+        rows = await self._all("job_heartbeat_many", heartbeat_params(p), retry_s)
+        return {int(r["id"]): bool(r["cancel_requested"]) for r in rows}
+
+    async def worker_deregister(self, worker: str) -> None:
+        await self._all("worker_deregister", {"worker": worker})
+
+    async def worker_prune_stale(self, older_than_ms: int) -> None:
+        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
+
+    async def queue_notify(self, queues: Sequence[str]) -> None:
+        if queues:
+            await self._all("queue_notify", {"queues": sorted(set(queues))})
+
+    # -- the rescuer ---------------------------------------------------------------
+
+    async def job_rescue_expired(self, p: RescueParams) -> list[Rescued] | None:
+        """One rescuer tick. Returns None when another process holds leadership."""
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(QUERIES["rescuer_try_lock"])
+                row = await cur.fetchone()
+                if not row or not row["leader"]:
+                    return None
+                cur = await conn.execute(
+                    QUERIES["job_rescue_expired"],
+                    {"max_rescues": p.max_rescues, "limit": p.limit},
+                )
+                return [
+                    Rescued(int(r["id"]), JobState(r["state"]), r["queue"])
+                    for r in await cur.fetchall()
+                ]
+
+    async def job_prune_finished(self, p: PruneParams) -> int:
+        rows = await self._all(
+            "job_prune_finished",
+            {"succeeded_ms": p.succeeded_ms, "failed_ms": p.failed_ms, "limit": p.limit},
+        )
+        return len(rows)
+
+    async def lease_refusal_record(
+        self, worker: str, action: str, leases: Sequence[tuple[int, int]]
+    ) -> None:
+        """Record refused writes; best effort (the refusal itself already protected us)."""
+        if leases:
+            await self._all(
+                "lease_refusal_record",
+                {
+                    "ids": [i for i, _ in leases],
+                    "tokens": [t for _, t in leases],
+                    "workers": [worker] * len(leases),
+                    "actions": [action] * len(leases),
+                },
+            )
+
+    async def effect_insert(self, conn: AsyncConn, job_id: int, lease_token: int) -> None:
+        with translate():
+            await conn.execute(
+                QUERIES["effect_insert"], {"job_id": job_id, "lease_token": lease_token}
+            )
+
+
+# --------------------------------------------------------------------------- sync
+
+
+class SyncStore:
+    """Sync access on a connection the caller owns (and whose transaction it controls)."""
+
+    def job_insert(self, conn: SyncConn, job: NewJob, default_max_attempts: int) -> Job | None:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["job_insert"], job.params(default_max_attempts, job.request_hash()))
+            row = cur.fetchone()
+            return Job.from_row(row) if row else None
+
+    def job_get_by_idempotency_key(self, conn: SyncConn, key: str) -> Job | None:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["job_get_by_idempotency_key"], {"idempotency_key": key})
+            row = cur.fetchone()
+            return Job.from_row(row) if row else None
+
+    def job_get(self, conn: SyncConn, job_id: int) -> Job | None:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["job_get"], {"id": job_id})
+            row = cur.fetchone()
+            return Job.from_row(row) if row else None
+
+    def job_insert_many(
+        self, conn: SyncConn, jobs: Sequence[NewJob], default_max_attempts: int
+    ) -> list[int]:
+        """COPY the jobs into a staging table, then move them in one INSERT.
+
+        Must run inside a transaction (the staging table empties at commit).
+        """
+        with translate(), conn.cursor() as cur:
+            cur.execute(QUERIES["job_stage_prepare"])
+            with cur.copy(QUERIES["job_stage_copy"]) as copy:
+                for i, job in enumerate(jobs):
+                    copy.write_row(
+                        (
+                            i,
+                            job.type,
+                            job.queue,
+                            job.priority,
+                            Jsonb(job.payload),
+                            job.max_attempts or default_max_attempts,
+                            Jsonb(job.backoff.to_json()),
+                            job.timeout_ms,
+                            job.run_at,
+                            job.delay_ms,
+                            job.idempotency_key,
+                        )
+                    )
+            cur.execute(QUERIES["job_insert_staged"])
+            return [int(r[0]) for r in cur.fetchall()]
+
+    def job_finish_in(self, conn: SyncConn, finishes: Sequence[Finish]) -> set[int]:
+        with translate(), conn.cursor() as cur:
+            cur.execute(QUERIES["job_finish_many"], finish_params(finishes))
+            return {int(r[0]) for r in cur.fetchall()}
+
+    def effect_insert(self, conn: SyncConn, job_id: int, lease_token: int) -> None:
+        with translate():
+            conn.execute(QUERIES["effect_insert"], {"job_id": job_id, "lease_token": lease_token})
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseUnavailable)

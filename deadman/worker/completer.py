@@ -1,0 +1,87 @@
+"""Writes attempt outcomes in batches: one ``job_finish_many`` statement per flush.
+
+No timer: a flush starts as soon as there is something to write, and whatever
+arrives while it runs goes into the next one. Idle, a completion is written at
+once; under load, batches grow by themselves (up to ``batch_max``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from deadman import logs, metrics
+from deadman.errors import DatabaseUnavailable
+from deadman.store import AsyncStore, Finish
+
+log = logs.get("deadman.completer")
+
+
+class Completer:
+    def __init__(self, store: AsyncStore, worker_id: str, batch_max: int = 500) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._batch_max = batch_max
+        self._pending: deque[tuple[Finish, str, asyncio.Future[bool]]] = deque()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self.flushes = 0
+
+    async def submit(self, finish: Finish, queue: str) -> bool:
+        """Queue one outcome; resolves True once written, False if the fence refused it."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((finish, queue, fut))
+        self._wake.set()
+        return await fut
+
+    def stop(self) -> None:
+        """Finish what is pending, then return from run()."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                await self._flush()
+            if self._stopping and not self._pending:
+                return
+
+    async def _flush(self) -> None:
+        batch = [self._pending.popleft() for _ in range(min(self._batch_max, len(self._pending)))]
+        finishes = [f for f, _, _ in batch]
+        while True:
+            try:
+                done = await self._store.job_finish_many(finishes)
+                break
+            except DatabaseUnavailable as exc:
+                # The store already retried for a while. Keep trying: if our leases
+                # lapse meanwhile, the rescuer hands the jobs on and these writes are
+                # refused by the fence when they finally land, which is correct.
+                log.warning("completer_db_unavailable", error=str(exc), pending=len(batch))
+                await asyncio.sleep(1.0)
+        self.flushes += 1
+        refused: list[tuple[int, int]] = []
+        for finish, queue, fut in batch:
+            ok = finish.id in done
+            if ok:
+                metrics.JOBS_FINISHED.labels(queue, finish.outcome.value).inc()
+            else:
+                refused.append((finish.id, finish.token))
+                metrics.STALE_WRITES_REFUSED.labels("finish").inc()
+                log.warning(
+                    "stale_write_refused",
+                    job_id=finish.id,
+                    lease_token=finish.token,
+                    action="finish",
+                    outcome=finish.outcome.value,
+                    worker=self._worker_id,
+                )
+            if not fut.done():
+                fut.set_result(ok)
+        if refused:
+            try:
+                await self._store.lease_refusal_record(self._worker_id, "finish", refused)
+            except DatabaseUnavailable:
+                log.warning("refusal_not_recorded", count=len(refused))

@@ -1,0 +1,176 @@
+"""What a handler gets besides the job: identity, cancellation, and the fenced
+transaction that makes effects exactly-once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
+from typing import TYPE_CHECKING, Any
+
+from deadman.errors import DeadmanError, LeaseLost
+from deadman.model import AttemptOutcome, Job, JobState
+from deadman.store import AsyncConn, Finish, SyncConn
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from deadman.store import AsyncStore, SyncStore
+
+
+class JobContext:
+    """Per-attempt context. Thread-safe where a sync handler touches it."""
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        worker_id: str,
+        store: AsyncStore,
+        sync_store: SyncStore,
+        sync_pool: Callable[[], ConnectionPool[Any]],
+        trusted_until: float,
+    ) -> None:
+        assert job.lease is not None, "a context is only made for a claimed job"
+        self.job = job
+        self.job_id = job.id
+        self.attempt = job.attempt
+        self.lease_token = job.lease.token
+        self.worker_id = worker_id
+        #: Pass this to downstream systems (payment APIs, mail relays) so that they
+        #: can drop a repeated request: execution here is at-least-once.
+        self.idempotency_key = job.idempotency_key or f"deadman-job-{job.id}"
+        self.result: Any = None
+        self._store = store
+        self._sync_store = sync_store
+        self._sync_pool = sync_pool
+        self._lock = threading.Lock()
+        self._trusted_until = trusted_until
+        self._cancel_requested = threading.Event()
+        self._lease_lost = threading.Event()
+        self._tx_used = False
+        self.completed_in_transaction = False
+        #: True while the fenced completion inside ctx.transaction() is committing.
+        self.finishing = False
+
+    # -- state the worker updates ----------------------------------------------------
+
+    def renew_trust(self, until: float) -> None:
+        with self._lock:
+            self._trusted_until = max(self._trusted_until, until)
+
+    def trust_expired(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self._trusted_until
+
+    def mark_lease_lost(self) -> None:
+        self._lease_lost.set()
+
+    def request_cancel(self) -> None:
+        self._cancel_requested.set()
+
+    # -- what handlers read ------------------------------------------------------------
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost.is_set()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the handler should stop: cancel asked for, or the lease is gone."""
+        return self._cancel_requested.is_set() or self._lease_lost.is_set()
+
+    def _success(self) -> Finish:
+        return Finish(
+            id=self.job_id,
+            token=self.lease_token,
+            state=JobState.SUCCEEDED,
+            outcome=AttemptOutcome.SUCCEEDED,
+            result=self.result,
+        )
+
+    def _claim_tx(self) -> None:
+        if self._tx_used:
+            raise DeadmanError("ctx.transaction() can be used once per attempt")
+        self._tx_used = True
+
+    def transaction(self) -> FencedTransaction:
+        """A database transaction whose commit also completes the job, fenced.
+
+        Use ``async with`` in async handlers and ``with`` in sync ones. On a clean
+        exit the job is marked succeeded in the same transaction, guarded by this
+        attempt's lease token; if the lease was lost meanwhile, :class:`LeaseLost`
+        is raised and the whole transaction (your effect included) rolls back.
+        Set ``ctx.result`` inside the block to store a result.
+
+        The database, not this process's clock, decides: the write is attempted even
+        when this worker suspects its lease has lapsed, and refused if it has.
+        """
+        return FencedTransaction(self)
+
+    @asynccontextmanager
+    async def _async_tx(self) -> AsyncIterator[AsyncConn]:
+        self._claim_tx()
+        async with self._store.pool.connection() as conn, conn.transaction():
+            yield conn
+            self.finishing = True
+            try:
+                done = await self._store.job_finish_in(conn, [self._success()])
+            except BaseException:
+                self.finishing = False
+                raise
+            if self.job_id not in done:
+                self.mark_lease_lost()
+                raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
+        self.completed_in_transaction = True
+
+    @contextmanager
+    def _sync_tx(self) -> Iterator[SyncConn]:
+        self._claim_tx()
+        with self._sync_pool().connection() as conn, conn.transaction():
+            yield conn
+            self.finishing = True
+            try:
+                done = self._sync_store.job_finish_in(conn, [self._success()])
+            except BaseException:
+                self.finishing = False
+                raise
+            if self.job_id not in done:
+                self.mark_lease_lost()
+                raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
+        self.completed_in_transaction = True
+
+
+class FencedTransaction:
+    """``async with ctx.transaction() as conn`` or ``with ctx.transaction() as conn``."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self._ctx = ctx
+        self._acm: AbstractAsyncContextManager[AsyncConn] | None = None
+        self._cm: AbstractContextManager[SyncConn] | None = None
+
+    async def __aenter__(self) -> AsyncConn:
+        self._acm = self._ctx._async_tx()
+        return await self._acm.__aenter__()
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool | None:
+        assert self._acm is not None
+        return await self._acm.__aexit__(et, ev, tb)
+
+    def __enter__(self) -> SyncConn:
+        self._cm = self._ctx._sync_tx()
+        return self._cm.__enter__()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool | None:
+        assert self._cm is not None
+        return self._cm.__exit__(et, ev, tb)

@@ -1,0 +1,246 @@
+"""Runs one claimed job: the handler, its timeout, and how its attempt is recorded.
+
+async handlers run on the event loop; sync handlers in a thread pool. When the
+handler ends, the outcome goes to the completer (batched), unless the handler
+already completed the job inside ``ctx.transaction()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from deadman import logs, metrics
+from deadman.errors import LeaseLost
+from deadman.model import AttemptOutcome, Job, JobState
+from deadman.registry import HandlerSpec, Registry
+from deadman.store import AsyncStore, Finish, SyncStore
+from deadman.worker.completer import Completer
+from deadman.worker.context import JobContext
+from deadman.worker.inflight import Abort, Held, Inflight
+
+log = logs.get("deadman.executor")
+
+MAX_ERROR_CHARS = 8000
+
+
+class Slots:
+    """How many handlers may run at once; the producer never claims more than free()."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._freed = asyncio.Event()
+
+    def free(self) -> int:
+        return self.size - self.used
+
+    def take(self) -> None:
+        self.used += 1
+
+    def give(self) -> None:
+        self.used -= 1
+        self._freed.set()
+
+    async def wait_freed(self) -> None:
+        self._freed.clear()
+        if self.free() > 0:
+            return
+        await self._freed.wait()
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        store: AsyncStore,
+        sync_store: SyncStore,
+        sync_pool: Callable[[], ConnectionPool[Any]],
+        completer: Completer,
+        inflight: Inflight,
+        slots: Slots,
+        worker_id: str,
+        trust_s: float,
+        threads: ThreadPoolExecutor,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._sync_store = sync_store
+        self._sync_pool = sync_pool
+        self._completer = completer
+        self._inflight = inflight
+        self._slots = slots
+        self._worker_id = worker_id
+        self._trust_s = trust_s
+        self._threads = threads
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, job: Job, claimed_at: float) -> None:
+        """Take a slot and run the job in its own task. ``claimed_at``: monotonic time
+        the claim was *sent*, so the trust window can only err on the early side."""
+        ctx = JobContext(
+            job,
+            worker_id=self._worker_id,
+            store=self._store,
+            sync_store=self._sync_store,
+            sync_pool=self._sync_pool,
+            trusted_until=claimed_at + self._trust_s,
+        )
+        spec = self._registry.get(job.type)
+        held = Held(job=job, ctx=ctx, is_async=spec.is_async if spec else True)
+        self._slots.take()
+        self._inflight.add(held)
+        task = asyncio.create_task(self._run(held, spec), name=f"job-{job.id}")
+        held.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def abort(self, job_id: int, reason: Abort) -> None:
+        """Stop a handler. Sync handlers cannot be interrupted: they see ctx.cancelled."""
+        held = self._inflight.get(job_id)
+        if held is None or held.finishing:
+            return
+        if held.abort is None:
+            held.abort = reason
+        if reason is Abort.LEASE_LOST:
+            held.ctx.mark_lease_lost()
+            if not held.is_async:
+                # A thread cannot be stopped, so keep waiting for it: whatever it then
+                # writes is refused by the fence, and the refusal is recorded. Its slot
+                # stays taken, which is the truth: the thread is still busy.
+                return
+        else:
+            held.ctx.request_cancel()
+        if held.task is not None and not held.task.done():
+            held.task.cancel()
+
+    async def _run(self, held: Held, spec: HandlerSpec | None) -> None:
+        job, ctx = held.job, held.ctx
+        bound = log.bind(
+            job_id=job.id,
+            type=job.type,
+            queue=job.queue,
+            attempt=job.attempt,
+            lease_token=ctx.lease_token,
+            worker=self._worker_id,
+        )
+        metrics.START_LATENCY.observe(max(0.0, (datetime.now(UTC) - job.run_at).total_seconds()))
+        started = time.monotonic()
+        finish: Finish | None = None
+        try:
+            finish = await self._invoke(held, spec, bound)
+        finally:
+            metrics.RUN_TIME.observe(time.monotonic() - started)
+            self._slots.give()
+        try:
+            if finish is None:
+                return
+            held.finishing = True
+            written = await self._completer.submit(finish, job.queue)
+            if written:
+                bound.info("job_finished", state=finish.state.value, outcome=finish.outcome.value)
+            else:
+                bound.warning("job_outcome_refused", outcome=finish.outcome.value)
+        finally:
+            self._inflight.remove(job.id)
+
+    async def _invoke(self, held: Held, spec: HandlerSpec | None, bound: Any) -> Finish | None:
+        """Run the handler; return the outcome to write, or None when there is nothing
+        to write (completed in its transaction, or the lease is gone)."""
+        job, ctx = held.job, held.ctx
+        timeout = job.timeout_ms / 1000 if job.timeout_ms else None
+        try:
+            if spec is None:
+                raise LookupError(f"no handler registered for job type {job.type!r}")
+            bound.debug("job_started")
+            if spec.is_async:
+                result = await asyncio.wait_for(spec.fn(job, ctx), timeout)
+            else:
+                loop = asyncio.get_running_loop()
+                fut = loop.run_in_executor(self._threads, spec.fn, job, ctx)
+                # A thread cannot be interrupted: on timeout or cancel we stop waiting
+                # and tell it through ctx.cancelled; whatever it writes later is
+                # refused by the fencing token once the attempt is recorded.
+                result = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            ctx.request_cancel()
+            bound.warning("job_timed_out", timeout_ms=job.timeout_ms)
+            return self._failure(
+                job, ctx, f"timed out after {job.timeout_ms} ms", AttemptOutcome.TIMED_OUT
+            )
+        except asyncio.CancelledError:
+            reason = held.abort
+            if reason is None:
+                raise  # not ours: the loop itself is going down
+            if reason is Abort.LEASE_LOST:
+                bound.warning("job_abandoned_lease_lost")
+                return None
+            if reason is Abort.CANCEL:
+                return Finish(
+                    job.id,
+                    ctx.lease_token,
+                    JobState.CANCELLED,
+                    AttemptOutcome.CANCELLED,
+                    error="cancelled on request",
+                )
+            return Finish(
+                job.id, ctx.lease_token, JobState.QUEUED, AttemptOutcome.RELEASED, error=None
+            )
+        except LeaseLost:
+            # The fenced completion inside ctx.transaction() was refused; the handler's
+            # effects rolled back with it. Record the evidence, write nothing else.
+            metrics.STALE_WRITES_REFUSED.labels("transaction").inc()
+            bound.warning("stale_write_refused", action="transaction")
+            await self._record_refusal(ctx, "transaction")
+            return None
+        except Exception as exc:
+            if ctx.completed_in_transaction:
+                bound.warning("handler_raised_after_commit", error=repr(exc))
+                return None
+            # Even when we suspect the lease is gone, report: the fence decides.
+            return self._failure(job, ctx, _describe(exc), AttemptOutcome.FAILED)
+        if ctx.completed_in_transaction:
+            metrics.JOBS_FINISHED.labels(job.queue, "succeeded").inc()
+            bound.info("job_finished", state="succeeded", outcome="succeeded", in_tx=True)
+            return None
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as exc:
+            return self._failure(
+                job, ctx, f"handler result is not JSON: {exc}", AttemptOutcome.FAILED
+            )
+        return Finish(
+            job.id, ctx.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=result
+        )
+
+    def _failure(self, job: Job, ctx: JobContext, error: str, outcome: AttemptOutcome) -> Finish:
+        if job.attempt >= job.max_attempts:
+            return Finish(job.id, ctx.lease_token, JobState.DEAD, outcome, error=error)
+        delay = job.backoff.delay_ms(job.attempt)
+        return Finish(
+            job.id, ctx.lease_token, JobState.RETRYING, outcome, delay_ms=delay, error=error
+        )
+
+    async def _record_refusal(self, ctx: JobContext, action: str) -> None:
+        try:
+            await self._store.lease_refusal_record(
+                self._worker_id, action, [(ctx.job_id, ctx.lease_token)]
+            )
+        except Exception as exc:  # evidence is best effort; the fence already held
+            log.warning("refusal_not_recorded", error=repr(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS // 2] + "\n...\n" + text[-MAX_ERROR_CHARS // 2 :]
+    return text

@@ -1,0 +1,125 @@
+"""Keeps the worker's leases alive: one statement per interval renews all of them.
+
+After each beat, a lease the database did not renew is lost (someone else holds
+the job now): the handler is told and, if it is async, cancelled. A lease whose
+renewal could not be confirmed in time (database unreachable, process paused) stops
+being trusted at ``TTL - margin`` after the last confirmed renewal, measured on
+this process's monotonic clock; the database's clock stays the authority.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Sequence
+
+from deadman import logs, metrics
+from deadman.config import Settings
+from deadman.errors import DatabaseUnavailable
+from deadman.store import AsyncStore, HeartbeatParams
+from deadman.worker.executor import Executor
+from deadman.worker.inflight import Abort, Inflight
+
+log = logs.get("deadman.heartbeat")
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        *,
+        store: AsyncStore,
+        settings: Settings,
+        inflight: Inflight,
+        executor: Executor,
+        worker_id: str,
+        queues: Sequence[str],
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._inflight = inflight
+        self._executor = executor
+        self._worker_id = worker_id
+        self._queues = list(queues)
+        self._stop = asyncio.Event()
+        self.beats = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            await self.beat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_s)
+
+    async def beat(self) -> None:
+        held = self._inflight.all()
+        leases = [(h.job.id, h.token) for h in held]
+        sent = time.monotonic()
+        try:
+            renewed = await self._store.job_heartbeat_many(
+                HeartbeatParams(
+                    worker=self._worker_id,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=self._queues,
+                    concurrency=self._settings.concurrency,
+                    ttl_ms=int(self._settings.lease_ttl_s * 1000),
+                    leases=leases,
+                ),
+                retry_s=self._settings.heartbeat_s,
+            )
+        except DatabaseUnavailable as exc:
+            log.warning("heartbeat_failed", error=str(exc), leases=len(leases))
+            self.check_trust()
+            return
+        self.beats += 1
+        trusted_until = sent + self._settings.lease_ttl_s - self._settings.lease_margin_s
+        lost: list[tuple[int, int]] = []
+        for h in held:
+            if h.job.id in renewed:
+                h.ctx.renew_trust(trusted_until)
+                if renewed[h.job.id] and not h.ctx.cancel_requested:
+                    log.info("job_cancel_requested", job_id=h.job.id, worker=self._worker_id)
+                    self._executor.abort(h.job.id, Abort.CANCEL)
+            elif not (h.finishing or h.ctx.finishing) and self._inflight.get(h.job.id) is h:
+                lost.append((h.job.id, h.token))
+                metrics.LEASES_LOST.inc()
+                log.warning(
+                    "lease_lost",
+                    job_id=h.job.id,
+                    lease_token=h.token,
+                    worker=self._worker_id,
+                    type=h.job.type,
+                    queue=h.job.queue,
+                    attempt=h.job.attempt,
+                )
+                self._executor.abort(h.job.id, Abort.LEASE_LOST)
+        if lost:
+            metrics.STALE_WRITES_REFUSED.labels("heartbeat").inc(len(lost))
+            try:
+                await self._store.lease_refusal_record(self._worker_id, "heartbeat", lost)
+            except DatabaseUnavailable:
+                log.warning("refusal_not_recorded", count=len(lost))
+        self.check_trust()
+
+    def check_trust(self) -> None:
+        """Abandon leases we can no longer vouch for (no renewal confirmed in time)."""
+        now = time.monotonic()
+        for h in self._inflight.all():
+            if (
+                not (h.finishing or h.ctx.finishing)
+                and not h.ctx.lease_lost
+                and h.ctx.trust_expired(now)
+            ):
+                metrics.LEASES_LOST.inc()
+                log.warning(
+                    "lease_untrusted",
+                    job_id=h.job.id,
+                    lease_token=h.token,
+                    worker=self._worker_id,
+                )
+                self._executor.abort(h.job.id, Abort.LEASE_LOST)

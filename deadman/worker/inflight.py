@@ -1,0 +1,66 @@
+"""The jobs a worker holds right now: what the heartbeat renews and shutdown releases."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+
+from deadman.model import Job
+from deadman.worker.context import JobContext
+
+
+class Abort(enum.Enum):
+    """Why the worker cancelled a handler; decides how the attempt is recorded."""
+
+    CANCEL = "cancel"  # a user asked: the attempt ends cancelled
+    LEASE_LOST = "lease_lost"  # no longer ours: write nothing, walk away
+    SHUTDOWN = "shutdown"  # grace ran out: release back to queued
+
+
+@dataclass
+class Held:
+    job: Job
+    ctx: JobContext
+    task: asyncio.Task[None] | None = None
+    is_async: bool = True
+    #: Handed to the completer (or committing inside ctx.transaction()): the
+    #: completion's own fenced result is authoritative from now on, so a heartbeat
+    #: that finds the lease gone is not a loss.
+    finishing: bool = False
+    abort: Abort | None = None
+    token: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token = self.ctx.lease_token
+
+
+class Inflight:
+    def __init__(self) -> None:
+        self._held: dict[int, Held] = {}
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def add(self, held: Held) -> None:
+        self._held[held.job.id] = held
+        self._empty.clear()
+
+    def remove(self, job_id: int) -> None:
+        self._held.pop(job_id, None)
+        if not self._held:
+            self._empty.set()
+
+    def get(self, job_id: int) -> Held | None:
+        return self._held.get(job_id)
+
+    def all(self) -> list[Held]:
+        return list(self._held.values())
+
+    def leases(self) -> list[tuple[int, int]]:
+        return [(h.job.id, h.token) for h in self._held.values()]
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()

@@ -1,0 +1,191 @@
+"""One worker process: wires producer, executor, completer, heartbeat, listener and
+rescuer together, and owns graceful shutdown.
+
+Shutdown (SIGTERM/SIGINT): stop claiming; give in-flight handlers
+``shutdown_grace_s`` to finish; release the rest back to ``queued`` (fenced, no
+attempt used); flush the completer; deregister; exit 0. A second signal exits at
+once: its leases then lapse and the rescuer hands the jobs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from deadman import logs
+from deadman.config import Settings
+from deadman.handlers import builtins
+from deadman.registry import Registry
+from deadman.rescuer import Rescuer
+from deadman.store import AsyncStore, SyncStore
+from deadman.worker.completer import Completer
+from deadman.worker.executor import Executor, Slots
+from deadman.worker.heartbeat import Heartbeat
+from deadman.worker.inflight import Abort, Inflight
+from deadman.worker.listener import Listener
+from deadman.worker.producer import Producer
+
+log = logs.get("deadman.worker")
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        dsn: str,
+        settings: Settings,
+        registry: Registry | None = None,
+        *,
+        worker_id: str | None = None,
+        run_rescuer: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.registry = builtins if registry is None else builtins.merged(registry)
+        self.worker_id = worker_id or new_worker_id()
+        self.queues = list(settings.queues)
+        self.run_rescuer = run_rescuer
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self._sync_pool: ConnectionPool[Any] | None = None
+        self._sync_pool_lock = threading.Lock()
+        pool_max = settings.pool_size or min(settings.concurrency, 16) + 4
+        self.store = AsyncStore.create(dsn, min_size=2, max_size=pool_max)
+
+    def _get_sync_pool(self) -> ConnectionPool[Any]:
+        """Sync handlers' ctx.transaction() connections; made on first use."""
+        with self._sync_pool_lock:
+            if self._sync_pool is None:
+                self._sync_pool = ConnectionPool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=min(self.settings.concurrency, 16),
+                    open=True,
+                    name="deadman-sync",
+                )
+            return self._sync_pool
+
+    def request_stop(self) -> None:
+        self._signals += 1
+        if self._signals >= 2:
+            log.warning("worker_forced_exit", worker=self.worker_id)
+            os._exit(130)
+        log.info("worker_stopping", worker=self.worker_id)
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    async def run(self) -> int:
+        s = self.settings
+        await self.store.open(wait=True, timeout=30.0)
+        inflight = Inflight()
+        slots = Slots(s.concurrency)
+        threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
+        completer = Completer(self.store, self.worker_id, s.completer_batch)
+        executor = Executor(
+            registry=self.registry,
+            store=self.store,
+            sync_store=SyncStore(),
+            sync_pool=self._get_sync_pool,
+            completer=completer,
+            inflight=inflight,
+            slots=slots,
+            worker_id=self.worker_id,
+            trust_s=s.lease_ttl_s - s.lease_margin_s,
+            threads=threads,
+        )
+        producer = Producer(
+            store=self.store,
+            settings=s,
+            executor=executor,
+            slots=slots,
+            worker_id=self.worker_id,
+            queues=self.queues,
+        )
+        heartbeat = Heartbeat(
+            store=self.store,
+            settings=s,
+            inflight=inflight,
+            executor=executor,
+            worker_id=self.worker_id,
+            queues=self.queues,
+        )
+        listener = Listener(self.dsn, self.queues, producer.wake)
+        rescuer = Rescuer(self.store, s) if self.run_rescuer else None
+
+        await heartbeat.beat()  # registers this worker before it claims anything
+        tasks = {
+            "completer": asyncio.create_task(completer.run(), name="completer"),
+            "heartbeat": asyncio.create_task(heartbeat.run(), name="heartbeat"),
+            "listener": asyncio.create_task(listener.run(), name="listener"),
+            "producer": asyncio.create_task(producer.run(), name="producer"),
+        }
+        if rescuer is not None:
+            tasks["rescuer"] = asyncio.create_task(rescuer.run(), name="rescuer")
+        log.info(
+            "worker_started",
+            worker=self.worker_id,
+            queues=self.queues,
+            concurrency=s.concurrency,
+            handlers=self.registry.types(),
+        )
+        stop_wait = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait(
+            {stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED
+        )
+        crashed = [t for t in done if t is not stop_wait and t.exception() is not None]
+        for t in crashed:
+            log.error("worker_task_crashed", task=t.get_name(), error=repr(t.exception()))
+
+        # 1. stop claiming
+        producer.stop()
+        await asyncio.gather(tasks["producer"], return_exceptions=True)
+        # 2. let in-flight handlers finish within the grace period
+        if len(inflight):
+            log.info("worker_draining", held=len(inflight), grace_s=s.shutdown_grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(inflight.wait_empty(), s.shutdown_grace_s)
+        # 3. release the rest: each cancelled handler's task records 'released'
+        #    through the completer (fenced, no attempt used). A sync handler's thread
+        #    cannot be stopped; whatever it writes later is refused by the fence.
+        leftovers = [h for h in inflight.all() if not (h.finishing or h.ctx.finishing)]
+        for h in leftovers:
+            executor.abort(h.job.id, Abort.SHUTDOWN)
+        if executor.tasks:
+            await asyncio.wait(executor.tasks, timeout=10.0)
+        if leftovers:
+            log.info("jobs_released", count=len(leftovers))
+            await self.store.queue_notify(self.queues)
+        # 4. flush and stop the rest
+        completer.stop()
+        await asyncio.wait({tasks["completer"]}, timeout=10.0)
+        heartbeat.stop()
+        listener.stop()
+        if rescuer is not None:
+            rescuer.stop()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        try:
+            await self.store.worker_deregister(self.worker_id)
+        except Exception as exc:
+            log.warning("deregister_failed", error=repr(exc))
+        await self.store.close()
+        if self._sync_pool is not None:
+            self._sync_pool.close()
+        threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker_stopped", worker=self.worker_id, crashed=len(crashed))
+        return 1 if crashed else 0

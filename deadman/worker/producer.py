@@ -1,0 +1,124 @@
+"""The claim loop: never fetch more jobs than there are free slots.
+
+Claiming more than we can start would hold leases on jobs that sit idle in our
+memory while other workers starve (and a crash would strand them until their
+leases lapse). So the producer claims ``free slots`` jobs per queue, starts them at
+once, and only sleeps when a claim came back empty: a short batch is not an empty
+queue (SKIP LOCKED may simply have stepped over rows another worker is taking).
+Idle, it sleeps until a NOTIFY, a freed slot, the queue's next scheduled job, or
+the poll interval, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+from deadman import logs, metrics
+from deadman.config import Settings
+from deadman.errors import DatabaseUnavailable
+from deadman.store import AsyncStore, ClaimParams
+from deadman.worker.executor import Executor, Slots
+
+log = logs.get("deadman.producer")
+
+
+class Producer:
+    def __init__(
+        self,
+        *,
+        store: AsyncStore,
+        settings: Settings,
+        executor: Executor,
+        slots: Slots,
+        worker_id: str,
+        queues: Sequence[str],
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._executor = executor
+        self._slots = slots
+        self._worker_id = worker_id
+        self._queues = list(queues)
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._turn = 0
+        self.claims = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        ttl_ms = int(self._settings.lease_ttl_s * 1000)
+        while not self._stop.is_set():
+            if self._slots.free() <= 0:
+                await self._wait_for_slot()
+                continue
+            self._wake.clear()
+            try:
+                got = await self._claim_round(ttl_ms)
+            except DatabaseUnavailable as exc:
+                log.warning("claim_failed", error=str(exc))
+                await self._sleep(min(self._settings.poll_s, 1.0))
+                continue
+            if got:
+                continue
+            await self._sleep(await self._idle_wait())
+
+    async def _claim_round(self, ttl_ms: int) -> int:
+        """One claim per queue, rotating the starting queue for fairness."""
+        got = 0
+        n = len(self._queues)
+        start = self._turn % n
+        self._turn += 1
+        for i in range(n):
+            if self._stop.is_set():
+                break
+            free = self._slots.free()
+            if free <= 0:
+                break
+            queue = self._queues[(start + i) % n]
+            sent = time.monotonic()
+            jobs = await self._store.job_claim(
+                ClaimParams(queue=queue, worker=self._worker_id, limit=free, ttl_ms=ttl_ms),
+                retry_s=2.0,
+            )
+            self.claims += 1
+            if jobs:
+                metrics.JOBS_CLAIMED.labels(queue).inc(len(jobs))
+            for job in jobs:
+                self._executor.start(job, sent)
+            got += len(jobs)
+        return got
+
+    async def _idle_wait(self) -> float:
+        wait = self._settings.poll_s
+        for queue in self._queues:
+            try:
+                ms = await self._store.job_next_run_at(queue)
+            except DatabaseUnavailable:
+                return wait
+            if ms is not None:
+                wait = min(wait, max(ms / 1000, 0.0))
+        return wait
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self._wake.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _wait_for_slot(self) -> None:
+        waiter = asyncio.ensure_future(self._slots.wait_freed())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()

@@ -1,0 +1,122 @@
+"""Shared fixtures: one Postgres server per session, one migrated template database,
+and a fresh copy of it for every test (``CREATE DATABASE ... TEMPLATE``: isolated and
+much faster than migrating per test).
+
+Set ``DEADMAN_TEST_DATABASE_URL`` to use an existing server; its database is only used
+to create and drop others, so the role needs CREATEDB. Otherwise a private fast
+(fsync off) cluster is started for the session and deleted at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from deadman import devdb
+
+_SERVER_ENV = "DEADMAN_TEST_DATABASE_URL"
+
+
+def _admin_execute(server_dsn: str, query: sql.Composed) -> None:
+    # CREATE/DROP DATABASE cannot run inside a transaction block.
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(query)
+
+
+def _create_database(server_dsn: str, name: str, template: str) -> str:
+    # Pass template0 for a clean database: template1 on a shared server may carry
+    # someone's extensions or tables.
+    _admin_execute(
+        server_dsn,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template)
+        ),
+    )
+    return make_conninfo(server_dsn, dbname=name)
+
+
+def _drop_database(server_dsn: str, name: str) -> None:
+    # FORCE: a test that leaked a connection must not leak its database too.
+    _admin_execute(
+        server_dsn,
+        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
+    )
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[devdb.Cluster | None]:
+    """The session's own cluster, for tests that stop/restart Postgres; None when the
+    server comes from DEADMAN_TEST_DATABASE_URL (tests needing it should skip)."""
+    if os.environ.get(_SERVER_ENV):
+        yield None
+        return
+    cluster = devdb.throwaway()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn(pg_cluster: devdb.Cluster | None) -> str:
+    """DSN of the server's maintenance database; used to CREATE/DROP test databases."""
+    external = os.environ.get(_SERVER_ENV)
+    if external:
+        return external
+    assert pg_cluster is not None
+    return pg_cluster.dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_dsn: str) -> Iterator[str]:
+    """Name of a database migrated once per session, copied by ``db_dsn``."""
+    # Imported here, not at the top, so tests that need no schema (devdb's own) still
+    # run while the migration code is broken or absent.
+    from deadman.db.migrate import migrate
+
+    name = _unique("deadman_tpl")
+    dsn = _create_database(pg_server_dsn, name, template="template0")
+    try:
+        migrate(dsn)
+        # CREATE DATABASE ... TEMPLATE fails while anyone is connected to the template.
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+        yield name
+    finally:
+        _drop_database(pg_server_dsn, name)
+
+
+@pytest.fixture
+def db_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
+    """DSN of a fresh, migrated database of this test's own; dropped afterwards."""
+    name = _unique("test")
+    dsn = _create_database(pg_server_dsn, name, template=template_db)
+    try:
+        yield dsn
+    finally:
+        _drop_database(pg_server_dsn, name)
+
+
+@pytest.fixture
+def empty_db_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """DSN of a fresh database with no Deadman schema, for migration tests."""
+    name = _unique("test_empty")
+    dsn = _create_database(pg_server_dsn, name, template="template0")
+    try:
+        yield dsn
+    finally:
+        _drop_database(pg_server_dsn, name)
