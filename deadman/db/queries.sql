@@ -132,6 +132,13 @@ WITH input AS (
                 %(outcomes)s::text[], %(delays_ms)s::bigint[], %(errors)s::text[],
                 %(results)s::jsonb[])
          AS t(id, token, state, outcome, delay_ms, error, result)
+), locked AS (
+    -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
+    -- so the two multi-row statements can never deadlock each other.
+    SELECT j.id FROM deadman.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
 ), done AS (
     UPDATE deadman.jobs j
     SET state = i.state,
@@ -145,8 +152,8 @@ WITH input AS (
         attempt = CASE WHEN i.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
         last_error = COALESCE(i.error, j.last_error),
         result = i.result
-    FROM input i
-    WHERE j.id = i.id AND j.lease_token = i.token AND j.state = 'running'
+    FROM input i, locked l
+    WHERE j.id = i.id AND l.id = i.id AND j.lease_token = i.token AND j.state = 'running'
     RETURNING j.id, j.attempt, j.lease_worker, j.started_at, i.token, i.outcome, i.error
 ), history AS (
     INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
@@ -165,11 +172,20 @@ WITH alive AS (
     INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency)
     VALUES (%(worker)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s)
     ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()
+), locked AS (
+    -- Lock in id order (see job_finish_many): no deadlock with the completer.
+    SELECT j.id
+    FROM deadman.jobs j
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+      ON j.id = h.id AND j.lease_token = h.token
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
 )
 UPDATE deadman.jobs j
 SET lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
-WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'running'
+FROM locked l
+WHERE j.id = l.id
 RETURNING j.id, j.cancel_requested;
 
 -- name: worker_deregister
@@ -179,6 +195,13 @@ DELETE FROM deadman.workers WHERE id = %(worker)s;
 -- Forget workers that have not sent a heartbeat for a long time (they are gone).
 DELETE FROM deadman.workers
 WHERE last_heartbeat_at < now() - %(older_than_ms)s::bigint * interval '1 millisecond';
+
+-- name: listen_jobs
+-- The channel the insert trigger, rescues and releases notify (payload: queue name).
+LISTEN deadman_jobs;
+
+-- name: ping
+SELECT 1;
 
 -- name: queue_notify
 -- Wake idle producers of these queues (after a rescue or a release made jobs due).

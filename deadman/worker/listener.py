@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 
 from deadman import logs
+from deadman.db.queries import QUERIES
 
 log = logs.get("deadman.listener")
 
@@ -49,7 +50,7 @@ class Listener:
 
     async def _listen(self) -> None:
         async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
-            await conn.execute("LISTEN deadman_jobs")
+            await conn.execute(QUERIES["listen_jobs"])
             self.connected.set()
             self._on_wake()  # anything enqueued before LISTEN took effect
             while not self._stop.is_set():
@@ -59,4 +60,4 @@ class Listener:
                     self.received += 1
                     if note.payload in self._queues:
                         self._on_wake()
-                await conn.execute("SELECT 1")
+                await conn.execute(QUERIES["ping"])
