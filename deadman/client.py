@@ -7,6 +7,7 @@ roll back. That is the transactional-outbox pattern without an outbox table.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,8 +39,13 @@ class Client:
             raise ConfigError("DEADMAN_DATABASE_URL is not set and no dsn was given")
         self._store = SyncStore()
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pool_lock = threading.Lock()
 
     def _get_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        with self._pool_lock:
+            return self._make_pool()
+
+    def _make_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         if self._pool is None:
             self._pool = ConnectionPool(
                 self.dsn or "", min_size=1, max_size=4, open=True, name="deadman-client"
@@ -47,9 +53,10 @@ class Client:
         return self._pool
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
 
     def __enter__(self) -> Client:
         return self
@@ -148,6 +155,9 @@ class Client:
         if not batch:
             return []
         if conn is not None:
+            if not conn.autocommit:
+                # Inside the caller's transaction: theirs to commit or roll back.
+                return self._store.job_insert_many(conn, batch, self.settings.max_attempts)
             with conn.transaction():
                 return self._store.job_insert_many(conn, batch, self.settings.max_attempts)
         with self._get_pool().connection() as own, own.transaction():

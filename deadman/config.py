@@ -7,12 +7,14 @@ longer than its lease would lose every job it holds.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 from deadman.errors import ConfigError
+from deadman.model import QUEUE_RE
 
 T = TypeVar("T")
 
@@ -42,6 +44,10 @@ class Settings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                _require(math.isfinite(value), "DEADMAN_" + f.name.upper(), "must be finite")
         _require(self.lease_ttl_s > 0, "DEADMAN_LEASE_TTL_S", "must be > 0")
         _require(self.heartbeat_s > 0, "DEADMAN_HEARTBEAT_S", "must be > 0")
         # A heartbeat must have at least two chances to land before the lease lapses.
@@ -64,6 +70,14 @@ class Settings:
             "DEADMAN_MAX_QUEUE_DEPTH",
             "must be > 0",
         )
+        _require(self.retention_succeeded_s >= 0, "DEADMAN_RETENTION_SUCCEEDED_S", "must be >= 0")
+        _require(self.retention_failed_s >= 0, "DEADMAN_RETENTION_FAILED_S", "must be >= 0")
+        for q in self.queues:
+            _require(
+                bool(QUEUE_RE.fullmatch(q)),
+                "DEADMAN_QUEUES",
+                f"has {q!r}; queue names are 1-128 characters of [A-Za-z0-9_.:-]",
+            )
         _require(self.completer_batch >= 1, "DEADMAN_COMPLETER_BATCH", "must be >= 1")
         _require(self.pool_size >= 0, "DEADMAN_POOL_SIZE", "must be >= 0")
         _require(

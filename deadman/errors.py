@@ -69,8 +69,11 @@ def translate() -> Iterator[None]:
         raise
     except pgerr.UniqueViolation as exc:
         raise DuplicateKey(str(exc.diag.message_detail or exc)) from exc
-    except (pgerr.CheckViolation, pgerr.NotNullViolation, pgerr.InvalidTextRepresentation) as exc:
+    except (pgerr.IntegrityError, pgerr.DataException) as exc:
+        # constraint violations and bad values (class 22: out of range, NUL bytes...)
         raise InvalidJob(str(exc.diag.message_primary or exc)) from exc
+    except psycopg.DataError as exc:  # refused client-side while adapting a value
+        raise InvalidJob(str(exc)) from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise DatabaseUnavailable(str(exc)) from exc
     except Exception as exc:  # pool timeouts live outside psycopg's error tree

@@ -70,7 +70,7 @@ class Rescuer:
             log.warning("job_rescued", job_id=r.id, queue=r.queue, to=r.state.value)
         if report.requeued:
             await self._store.queue_notify([r.queue for r in rescued if r.state is JobState.QUEUED])
-        if self.ticks % self._prune_every == 1:
+        if (self.ticks - 1) % self._prune_every == 0:
             report.pruned = await self._store.job_prune_finished(
                 PruneParams(
                     succeeded_ms=int(self._settings.retention_succeeded_s * 1000),

@@ -98,6 +98,10 @@ def migrate(dsn: str) -> list[int]:
 
 
 def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+    """The highest applied migration, or None on a database never migrated."""
+    present = conn.execute(QUERIES["schema_migrations_exists"]).fetchone()
+    if not present or not present[0]:
+        return None
     row = conn.execute(QUERIES["schema_version_get"]).fetchone()
     return None if row is None or row[0] is None else int(str(row[0]))
 

@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 
 from deadman import logs, metrics
-from deadman.errors import DatabaseUnavailable
+from deadman.errors import DatabaseUnavailable, DeadmanError
 from deadman.store import AsyncStore, Finish
 
 log = logs.get("deadman.completer")
@@ -26,6 +26,7 @@ class Completer:
         self._wake = asyncio.Event()
         self._stopping = False
         self.flushes = 0
+        self._background: set[asyncio.Task[None]] = set()
 
     async def submit(self, finish: Finish, queue: str) -> bool:
         """Queue one outcome; resolves True once written, False if the fence refused it."""
@@ -50,17 +51,35 @@ class Completer:
 
     async def _flush(self) -> None:
         batch = [self._pending.popleft() for _ in range(min(self._batch_max, len(self._pending)))]
-        finishes = [f for f, _, _ in batch]
+        try:
+            done = await self._write([f for f, _, _ in batch])
+        except DeadmanError:
+            # One bad row must not sink the others' outcomes: write them one by one.
+            done = set()
+            for item in batch:
+                try:
+                    done |= await self._write([item[0]])
+                except DeadmanError as exc:
+                    log.error("completion_not_written", job_id=item[0].id, error=str(exc))
+                    if not item[2].done():
+                        item[2].set_exception(exc)
+            batch = [item for item in batch if not item[2].done()]
+        self._settle(batch, done)
+
+    async def _write(self, finishes: list[Finish]) -> set[int]:
         while True:
             try:
-                done = await self._store.job_finish_many(finishes)
-                break
+                return await self._store.job_finish_many(finishes)
             except DatabaseUnavailable as exc:
                 # The store already retried for a while. Keep trying: if our leases
                 # lapse meanwhile, the rescuer hands the jobs on and these writes are
                 # refused by the fence when they finally land, which is correct.
-                log.warning("completer_db_unavailable", error=str(exc), pending=len(batch))
+                log.warning("completer_db_unavailable", error=str(exc), pending=len(finishes))
                 await asyncio.sleep(1.0)
+
+    def _settle(
+        self, batch: list[tuple[Finish, str, asyncio.Future[bool]]], done: set[int]
+    ) -> None:
         self.flushes += 1
         refused: list[tuple[int, int]] = []
         for finish, queue, fut in batch:
@@ -81,7 +100,12 @@ class Completer:
             if not fut.done():
                 fut.set_result(ok)
         if refused:
-            try:
-                await self._store.lease_refusal_record(self._worker_id, "finish", refused)
-            except DatabaseUnavailable:
-                log.warning("refusal_not_recorded", count=len(refused))
+            task = asyncio.create_task(self._record(refused))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _record(self, refused: list[tuple[int, int]]) -> None:
+        try:
+            await self._store.lease_refusal_record(self._worker_id, "finish", refused)
+        except DeadmanError as exc:
+            log.warning("refusal_not_recorded", count=len(refused), error=str(exc))

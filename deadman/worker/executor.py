@@ -19,7 +19,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from deadman import logs, metrics
-from deadman.errors import LeaseLost
+from deadman.errors import DeadmanError, LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
 from deadman.store import AsyncStore, Finish, SyncStore
@@ -145,7 +145,13 @@ class Executor:
             if finish is None:
                 return
             held.finishing = True
-            written = await self._completer.submit(finish, job.queue)
+            try:
+                written = await self._completer.submit(finish, job.queue)
+            except DeadmanError as exc:
+                # Not writable (not transient): the lease will lapse and the rescuer
+                # hands the job on, up to max_rescues.
+                bound.error("job_outcome_not_written", error=str(exc))
+                return
             if written:
                 bound.info("job_finished", state=finish.state.value, outcome=finish.outcome.value)
             else:
@@ -213,7 +219,9 @@ class Executor:
             bound.info("job_finished", state="succeeded", outcome="succeeded", in_tx=True)
             return None
         try:
-            json.dumps(result)
+            encoded = json.dumps(result, allow_nan=False)
+            if "\\u0000" in encoded:
+                raise ValueError("Postgres jsonb cannot hold the NUL character (\\u0000)")
         except (TypeError, ValueError) as exc:
             return self._failure(
                 job, ctx, f"handler result is not JSON: {exc}", AttemptOutcome.FAILED

@@ -1,0 +1,243 @@
+"""Pin the plans of the hot queries on a seeded, analysed table.
+
+The partial indexes are shaped after the claim, rescue and prune queries; a query
+edit that silently stops using them turns a 1 ms claim into a scan of every finished
+job. The real SQL from QUERIES is EXPLAINed with the parameters the store sends.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import DictRow
+
+from deadman.db.queries import QUERIES
+from deadman.store import HeartbeatParams, heartbeat_params
+from tests.factories import connect, insert_job
+
+SEED = """
+-- The two name CHECKs use a bounded repetition ({1,128}) that costs ~20 us a row in
+-- Postgres' regex engine: most of the seeding time. Plans do not depend on CHECK
+-- constraints, so they are lifted for the seed and put back NOT VALID after it.
+ALTER TABLE deadman.jobs DROP CONSTRAINT jobs_type_valid, DROP CONSTRAINT jobs_queue_valid;
+-- The bulk: finished jobs of the last 20 hours, half of them in another queue.
+INSERT INTO deadman.jobs (type, queue, priority, state, attempt, run_at, created_at,
+                          started_at, finished_at)
+SELECT 'seed', CASE WHEN i % 2 = 0 THEN 'default' ELSE 'other' END, (i % 7) - 3,
+       'succeeded', 1, now() - interval '1 day', now() - interval '1 day',
+       now() - interval '21 hours', now() - (i % 72000) * interval '1 second'
+FROM generate_series(1, 100000) AS i;
+-- Some past retention, some dead or cancelled.
+INSERT INTO deadman.jobs (type, state, attempt, created_at, started_at, finished_at)
+SELECT 'seed', 'succeeded', 1, now() - interval '3 days', now() - interval '3 days',
+       now() - interval '30 hours'
+FROM generate_series(1, 1000);
+INSERT INTO deadman.jobs (type, queue, state, attempt, finished_at)
+SELECT 'seed', 'other', CASE WHEN i % 2 = 0 THEN 'dead' ELSE 'cancelled' END, 1,
+       now() - (i % 100) * interval '1 hour'
+FROM generate_series(1, 2000) AS i;
+-- The live part: queued and scheduled work in both queues, and running jobs.
+INSERT INTO deadman.jobs (type, queue, priority, state, run_at)
+SELECT 'seed', CASE WHEN i % 2 = 0 THEN 'default' ELSE 'other' END, (i % 5) - 2,
+       CASE WHEN i % 10 = 0 THEN 'scheduled' ELSE 'queued' END,
+       CASE WHEN i % 10 = 0 THEN now() + interval '1 hour' ELSE now() - i * interval '1 ms' END
+FROM generate_series(1, 4000) AS i;
+INSERT INTO deadman.jobs (type, state, attempt, started_at, lease_token, lease_worker,
+                          lease_expires_at)
+SELECT 'seed', 'running', 1, now(), nextval('deadman.lease_token_seq'), 'w-' || (i % 20),
+       now() + CASE WHEN i % 10 = 0 THEN interval '-5 seconds' ELSE interval '30 seconds' END
+FROM generate_series(1, 500) AS i;
+ALTER TABLE deadman.jobs
+    ADD CONSTRAINT jobs_type_valid CHECK (type ~ '^[A-Za-z0-9_.:-]{1,128}$') NOT VALID,
+    ADD CONSTRAINT jobs_queue_valid CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,128}$') NOT VALID;
+ANALYZE deadman.jobs;
+"""
+
+
+@pytest.fixture(scope="module")
+def seeded_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
+    """One seeded copy of the migrated template for the whole module (EXPLAIN without
+    ANALYZE executes nothing, so the tests cannot disturb each other)."""
+    name = f"plans_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    dsn = make_conninfo(pg_server_dsn, dbname=name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SEED)
+        yield dsn
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def explain(dsn: str, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with connect(dsn) as conn:
+        row = conn.execute(
+            sql.SQL("EXPLAIN (FORMAT JSON) ") + sql.SQL(QUERIES[name]), params
+        ).fetchone()
+    assert row is not None
+    doc = next(iter(row.values()))
+    return list(_nodes(doc[0]["Plan"]))
+
+
+def indexes_used(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+def seq_scans_on_jobs(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs"]
+
+
+def test_the_seed_looks_like_a_busy_queue(seeded_dsn: str) -> None:
+    with connect(seeded_dsn) as conn:
+        counts = {
+            r["state"]: r["n"]
+            for r in conn.execute(
+                "SELECT state, count(*) AS n FROM deadman.jobs GROUP BY state"
+            ).fetchall()
+        }
+    assert sum(counts.values()) > 100_000
+    assert counts["running"] == 500 and counts["queued"] == 3600
+
+
+@pytest.mark.parametrize("limit", [1, 10, 100])
+def test_claim_uses_the_claim_index(seeded_dsn: str, limit: int) -> None:
+    nodes = explain(
+        seeded_dsn,
+        "job_claim",
+        {"queue": "default", "worker": "w", "limit": limit, "ttl_ms": 30_000},
+    )
+    assert "jobs_claim_idx" in indexes_used(nodes), nodes
+    assert seq_scans_on_jobs(nodes) == []
+
+
+def test_rescue_uses_the_running_index(seeded_dsn: str) -> None:
+    nodes = explain(seeded_dsn, "job_rescue_expired", {"max_rescues": 5, "limit": 1000})
+    assert "jobs_running_idx" in indexes_used(nodes), nodes
+    assert seq_scans_on_jobs(nodes) == []
+
+
+def test_prune_finds_its_rows_through_the_finished_index(seeded_dsn: str) -> None:
+    nodes = explain(
+        seeded_dsn,
+        "job_prune_finished",
+        {"succeeded_ms": 24 * 3600 * 1000, "failed_ms": 7 * 24 * 3600 * 1000, "limit": 1000},
+    )
+    assert "jobs_finished_idx" in indexes_used(nodes), nodes
+    # Both branches of the doomed CTE go through the index. The DELETE's join back to
+    # jobs may hash a filterless Seq Scan at this table size (the planner switches to
+    # pkey lookups on bigger tables); what must never happen is a scan that *searches*
+    # for prunable rows.
+    searching = [n for n in seq_scans_on_jobs(nodes) if "Filter" in n]
+    assert searching == [], searching
+    finished_at_scans = [n for n in nodes if "finished_at" in str(n.get("Index Cond", ""))]
+    assert len(finished_at_scans) == 2
+    assert {n["Index Name"] for n in finished_at_scans} == {"jobs_finished_idx"}
+
+
+# ------------------------------------------------------------------ HOT renewals
+
+
+def _xact_updates(conn: psycopg.Connection[DictRow]) -> tuple[int, int]:
+    row = conn.execute(
+        "SELECT pg_stat_get_xact_tuples_updated('deadman.jobs'::regclass) AS updated,"
+        " pg_stat_get_xact_tuples_hot_updated('deadman.jobs'::regclass) AS hot"
+    ).fetchone()
+    assert row is not None
+    return int(row["updated"]), int(row["hot"])
+
+
+def _renew(conn: psycopg.Connection[DictRow], leases: list[tuple[int, int]]) -> int:
+    params = heartbeat_params(
+        HeartbeatParams(
+            worker="w-hot",
+            hostname="h",
+            pid=1,
+            queues=["default"],
+            concurrency=len(leases),
+            ttl_ms=60_000,
+            leases=leases,
+        )
+    )
+    return len(conn.execute(QUERIES["job_heartbeat_many"], params).fetchall())
+
+
+def _running_leases(conn: psycopg.Connection[DictRow], n: int) -> list[tuple[int, int]]:
+    return [
+        (int(r["id"]), int(r["lease_token"]))
+        for r in conn.execute(
+            "SELECT id, lease_token FROM deadman.jobs WHERE state = 'running' ORDER BY id LIMIT %s",
+            (n,),
+        )
+    ]
+
+
+def test_lease_renewal_is_a_hot_update(seeded_dsn: str) -> None:
+    with connect(seeded_dsn, autocommit=False) as conn:
+        (lease,) = _running_leases(conn, 1)
+        updated0, hot0 = _xact_updates(conn)
+        assert _renew(conn, [lease]) == 1
+        updated1, hot1 = _xact_updates(conn)
+        conn.rollback()  # leave the shared seed as it was
+    assert (updated1 - updated0, hot1 - hot0) == (1, 1)
+
+
+def test_batched_renewals_settle_into_hot_updates(db_dsn: str) -> None:
+    # Fifty running jobs packed into the same pages: the first batched renewal can only
+    # put as many new versions on a page as fillfactor 80 left room for; once the old
+    # versions are dead, page pruning makes room and every later round is all HOT.
+    with connect(db_dsn) as setup:
+        for _ in range(50):
+            insert_job(setup, state="running")
+    rounds: list[tuple[int, int]] = []
+    with connect(db_dsn, autocommit=False) as conn:
+        leases = _running_leases(conn, 50)
+        conn.commit()
+        for _ in range(5):
+            updated0, hot0 = _xact_updates(conn)
+            assert _renew(conn, leases) == 50
+            updated1, hot1 = _xact_updates(conn)
+            conn.commit()
+            rounds.append((updated1 - updated0, hot1 - hot0))
+            if rounds[-1] == (50, 50):
+                break
+    assert rounds[0][1] > 0, rounds
+    assert rounds[-1] == (50, 50), rounds
+
+
+def test_a_claim_is_not_hot_so_the_measurement_can_fail(db_dsn: str) -> None:
+    # The control: a claim changes indexed columns (state, lease_worker), so it cannot
+    # be HOT. If this ever reads as HOT, the check above proves nothing.
+    with connect(db_dsn) as setup:
+        running = insert_job(setup, state="running")
+        insert_job(setup)
+    assert running.lease_token is not None
+    with connect(db_dsn, autocommit=False) as conn:
+        updated0, hot0 = _xact_updates(conn)
+        assert _renew(conn, [(running.id, running.lease_token)]) == 1
+        claimed = conn.execute(
+            QUERIES["job_claim"], {"queue": "default", "worker": "w", "limit": 1, "ttl_ms": 1000}
+        ).fetchall()
+        assert len(claimed) == 1
+        updated1, hot1 = _xact_updates(conn)
+        conn.commit()
+    assert (updated1 - updated0, hot1 - hot0) == (2, 1)

@@ -1,0 +1,395 @@
+"""The rescuer: expired leases, poison pills, cancels, leadership, retention, and its
+race with a completing worker (interleaved deterministically on two connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import DictRow
+
+from deadman.config import Settings
+from deadman.db.queries import QUERIES
+from deadman.model import AttemptOutcome, JobState
+from deadman.rescuer import Rescuer, TickReport
+from deadman.store import Finish, RescueParams, finish_params
+from tests.factories import (
+    async_store,
+    attempt_rows,
+    connect,
+    insert_job,
+    job_row,
+    run_async,
+    with_store,
+)
+from tests.helpers import wait_for
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+def tick(dsn: str, settings: Settings | None = None, *, prune_every: int = 10) -> TickReport:
+    """One tick of a fresh rescuer: its first tick also prunes (ticks % 10 == 1)."""
+
+    async def main() -> TickReport:
+        async with async_store(dsn) as store:
+            return await Rescuer(store, settings or Settings(), prune_every=prune_every).tick()
+
+    return run_async(main)
+
+
+# ---------------------------------------------------------------------- expiry
+
+
+def test_an_expired_lease_is_rescued(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        job = insert_job(
+            conn, state="running", attempt=2, lease_expires_in_s=-10, lease_worker="gone"
+        )
+        report = tick(db_dsn)
+        row = job_row(conn, job.id)
+        (attempt,) = attempt_rows(conn, job.id)
+    assert report.leader and report.requeued == [job.id]
+    assert report.dead == [] and report.cancelled == []
+    assert row["state"] == "queued"
+    assert (row["rescues"], row["attempt"]) == (1, 1)  # an attempt given back
+    assert row["lease_token"] is None and row["lease_expires_at"] is None
+    assert row["finished_at"] is None
+    assert attempt["outcome"] == "lease_expired"
+    assert (attempt["lease_token"], attempt["attempt"]) == (job.lease_token, 2)
+    assert attempt["worker"] == "gone"
+
+
+def test_only_lapsed_leases_are_rescued(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        lapsed = insert_job(conn, state="running", lease_expires_in_s=-10).id
+        alive = insert_job(conn, state="running", lease_expires_in_s=10).id
+        report = tick(db_dsn)
+        assert report.requeued == [lapsed]
+        assert job_row(conn, alive)["state"] == "running"
+        assert attempt_rows(conn, alive) == []
+
+
+def test_a_rescued_job_wakes_its_queue(db_dsn: str) -> None:
+    with connect(db_dsn) as conn, psycopg.connect(db_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN deadman_jobs")
+        insert_job(conn, state="running", queue="mail", lease_expires_in_s=-10)
+        tick(db_dsn)
+        seen = wait_for(
+            lambda: [n.payload for n in listener.notifies(timeout=0.2, stop_after=1)] or None,
+            timeout=5,
+            message="NOTIFY for the rescued job's queue",
+        )
+    assert seen == ["mail"]
+
+
+def test_too_many_rescues_is_a_poison_pill(db_dsn: str) -> None:
+    settings = Settings(max_rescues=2)
+    with connect(db_dsn) as conn:
+        under = insert_job(conn, state="running", attempt=1, rescues=1, lease_expires_in_s=-10).id
+        over = insert_job(conn, state="running", attempt=1, rescues=2, lease_expires_in_s=-10).id
+        report = tick(db_dsn, settings)
+        requeued, dead = job_row(conn, under), job_row(conn, over)
+    assert report.requeued == [under] and report.dead == [over]
+    assert (requeued["state"], requeued["rescues"], requeued["attempt"]) == ("queued", 2, 0)
+    assert requeued["finished_at"] is None
+    assert (dead["state"], dead["rescues"], dead["attempt"]) == ("dead", 3, 1)
+    assert dead["finished_at"] is not None
+    assert dead["last_error"] == (
+        "lease expired 3 times (max_rescues 2): the job keeps killing or stalling its worker"
+    )
+
+
+def test_max_rescues_zero_kills_on_the_first_expiry(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        job_id = insert_job(conn, state="running", lease_expires_in_s=-1).id
+        assert tick(db_dsn, Settings(max_rescues=0)).dead == [job_id]
+        assert job_row(conn, job_id)["state"] == "dead"
+
+
+def test_a_cancel_requested_job_ends_cancelled(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        job_id = insert_job(conn, state="running", cancel_requested=True, lease_expires_in_s=-10).id
+        report = tick(db_dsn)
+        row = job_row(conn, job_id)
+        (attempt,) = attempt_rows(conn, job_id)
+    assert report.cancelled == [job_id]
+    assert row["state"] == "cancelled" and row["finished_at"] is not None
+    assert row["last_error"] == "cancelled while its lease was lost"
+    assert attempt["outcome"] == "lease_expired"
+
+
+def test_the_rescue_works_in_batches(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        ids = [insert_job(conn, state="running", lease_expires_in_s=-5).id for _ in range(5)]
+
+    def rescue(limit: int) -> list[int]:
+        got = with_store(db_dsn, lambda s: s.job_rescue_expired(RescueParams(5, limit=limit)))
+        assert got is not None
+        return [r.id for r in got]
+
+    first = rescue(3)
+    assert first == ids[:3]  # oldest ids first
+    assert rescue(3) == ids[3:]
+    assert rescue(3) == []
+
+
+# ------------------------------------------------------------------ leadership
+
+
+def test_no_leadership_while_another_rescuer_holds_the_lock(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        job_id = insert_job(conn, state="running", lease_expires_in_s=-10).id
+        with psycopg.connect(db_dsn) as leader:
+            leader.execute("SELECT pg_advisory_xact_lock(716341, 2)")
+            report = tick(db_dsn)
+            assert report == TickReport(leader=False)
+            assert job_row(conn, job_id)["state"] == "running"
+            leader.rollback()  # the transaction-level lock dies with the transaction
+        report = tick(db_dsn)
+        assert report.leader and report.requeued == [job_id]
+
+
+def test_the_migration_lock_does_not_block_the_rescuer(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn) as migrator:
+        migrator.execute(QUERIES["migrations_lock"])
+        assert tick(db_dsn).leader
+
+
+# ------------------------------------------------------------------- retention
+
+
+def test_retention(db_dsn: str) -> None:
+    cases = [  # (state, finished this long ago, pruned by the default retention)
+        ("succeeded", 25 * HOUR, True),
+        ("succeeded", 23 * HOUR, False),
+        ("dead", 8 * DAY, True),
+        ("dead", 6 * DAY, False),
+        ("cancelled", 8 * DAY, True),
+        ("cancelled", 6 * DAY, False),
+    ]
+    with connect(db_dsn) as conn:
+        ids = []
+        for token, (state, ago, _) in enumerate(cases, start=1):
+            job_id = insert_job(conn, state=state, finished_ago_s=ago).id
+            conn.execute(
+                "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+                " outcome) VALUES (%s, %s, 1, 'w', now() - interval '30 days', 'failed')",
+                (-token, job_id),
+            )
+            ids.append(job_id)
+        # unfinished jobs are never pruned, however old
+        old_queued = insert_job(conn, run_in_s=-30 * DAY).id
+        report = tick(db_dsn)  # defaults: succeeded 24 h, dead/cancelled 7 days
+        left = {r["id"] for r in conn.execute("SELECT id FROM deadman.jobs")}
+        history = {r["job_id"] for r in conn.execute("SELECT job_id FROM deadman.attempts")}
+    expected_gone = {i for i, (_, _, pruned) in zip(ids, cases, strict=True) if pruned}
+    assert report.pruned == len(expected_gone) == 3
+    assert left == (set(ids) - expected_gone) | {old_queued}
+    assert history == set(ids) - expected_gone  # history goes with the job
+
+
+def test_retention_follows_the_settings(db_dsn: str) -> None:
+    settings = Settings(retention_succeeded_s=60, retention_failed_s=120)
+    with connect(db_dsn) as conn:
+        gone = [
+            insert_job(conn, state="succeeded", finished_ago_s=61).id,
+            insert_job(conn, state="dead", finished_ago_s=121).id,
+        ]
+        kept = [
+            insert_job(conn, state="succeeded", finished_ago_s=59).id,
+            insert_job(conn, state="dead", finished_ago_s=119).id,
+        ]
+        assert tick(db_dsn, settings).pruned == 2
+        left = [r["id"] for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
+    assert left == kept and not set(gone) & set(left)
+
+
+def test_prune_every_tick(db_dsn: str) -> None:
+    async def main() -> list[int]:
+        async with async_store(db_dsn) as store:
+            rescuer = Rescuer(store, Settings(), prune_every=1)
+            return [(await rescuer.tick()).pruned for _ in range(2)]
+
+    with connect(db_dsn) as conn:
+        insert_job(conn, state="succeeded", finished_ago_s=2 * DAY)
+    assert sum(run_async(main)) == 1
+
+
+def test_pruning_happens_on_the_first_of_every_n_ticks(db_dsn: str) -> None:
+    async def main() -> list[int]:
+        async with async_store(db_dsn) as store:
+            rescuer = Rescuer(store, Settings(), prune_every=3)
+            pruned = []
+            for _ in range(4):
+                with connect(db_dsn) as conn:
+                    insert_job(conn, state="succeeded", finished_ago_s=2 * DAY)
+                pruned.append((await rescuer.tick()).pruned)
+            return pruned
+
+    assert run_async(main) == [1, 0, 0, 3]
+
+
+# ------------------------------------------------------------ run() start/stop
+
+
+def test_run_starts_and_stops_repeatedly(db_dsn: str) -> None:
+    settings = Settings(rescue_s=0.05)
+
+    async def once() -> None:
+        with connect(db_dsn) as conn:
+            job_id = insert_job(conn, state="running", lease_expires_in_s=-1).id
+        async with async_store(db_dsn) as store:
+            rescuer = Rescuer(store, settings)
+            task = asyncio.create_task(rescuer.run())
+            deadline = time.monotonic() + 5
+            while True:
+                with connect(db_dsn) as conn:
+                    if job_row(conn, job_id)["state"] == "queued":
+                        break
+                assert time.monotonic() < deadline, "the rescuer never rescued the job"
+                await asyncio.sleep(0.02)
+            rescuer.stop()
+            await asyncio.wait_for(task, timeout=5)
+            assert rescuer.ticks >= 1
+
+    for _ in range(3):
+        run_async(once)
+
+
+# ------------------------------------------------- rescuer vs completion, both orders
+
+
+@contextmanager
+def two_connections(dsn: str) -> Iterator[tuple[psycopg.Connection[DictRow], ...]]:
+    """(worker, rescuer): non-autocommit, so each test drives its own transactions."""
+    with connect(dsn, autocommit=False) as worker, connect(dsn, autocommit=False) as rescuer:
+        yield worker, rescuer
+
+
+def _complete(conn: psycopg.Connection[DictRow], job_id: int, token: int) -> list[int]:
+    finish = Finish(job_id, token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+    rows = conn.execute(QUERIES["job_finish_many"], finish_params([finish])).fetchall()
+    return [int(r["id"]) for r in rows]
+
+
+def _rescue(conn: psycopg.Connection[DictRow]) -> list[int]:
+    lock = conn.execute(QUERIES["rescuer_try_lock"]).fetchone()
+    assert lock is not None and lock["leader"] is True
+    rows = conn.execute(QUERIES["job_rescue_expired"], {"max_rescues": 5, "limit": 1000}).fetchall()
+    return [int(r["id"]) for r in rows]
+
+
+def _expired_running(dsn: str) -> tuple[int, int]:
+    with connect(dsn) as conn:
+        job = insert_job(conn, state="running", lease_expires_in_s=-10)
+    assert job.lease_token is not None
+    return job.id, job.lease_token
+
+
+def test_completion_first_rescuer_skips_the_row(db_dsn: str) -> None:
+    # The worker's completion (its lease lapsed, but its token is still the current one)
+    # has updated the row and not yet committed when the rescuer runs.
+    job_id, token = _expired_running(db_dsn)
+    with two_connections(db_dsn) as (worker, rescuer):
+        assert _complete(worker, job_id, token) == [job_id]
+        assert _rescue(rescuer) == []  # SKIP LOCKED: left alone, not waited for
+        rescuer.commit()
+        worker.commit()
+    with connect(db_dsn) as conn:
+        assert job_row(conn, job_id)["state"] == "succeeded"
+        assert job_row(conn, job_id)["rescues"] == 0
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["succeeded"]
+
+
+def test_completion_that_rolls_back_is_rescued_next_tick(db_dsn: str) -> None:
+    job_id, token = _expired_running(db_dsn)
+    with two_connections(db_dsn) as (worker, rescuer):
+        assert _complete(worker, job_id, token) == [job_id]
+        assert _rescue(rescuer) == []
+        rescuer.commit()
+        worker.rollback()  # e.g. the handler's effect failed inside ctx.transaction()
+        assert _rescue(rescuer) == [job_id]
+        rescuer.commit()
+    with connect(db_dsn) as conn:
+        assert job_row(conn, job_id)["state"] == "queued"
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired"]
+
+
+def test_rescuer_first_completion_finds_its_lease_gone(db_dsn: str) -> None:
+    job_id, token = _expired_running(db_dsn)
+    with two_connections(db_dsn) as (worker, rescuer):
+        assert _rescue(rescuer) == [job_id]
+        rescuer.commit()
+        assert _complete(worker, job_id, token) == []  # lease lost
+        worker.commit()
+    with connect(db_dsn) as conn:
+        row = job_row(conn, job_id)
+        assert (row["state"], row["rescues"], row["result"]) == ("queued", 1, None)
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired"]
+
+
+def _backend_pid(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.info.backend_pid)
+
+
+def _waits_on_a_lock(dsn: str, pid: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with psycopg.connect(dsn, autocommit=True) as probe:
+            row = probe.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+        return row is not None and row[0] == "Lock"
+
+    return check
+
+
+def test_rescuer_commits_while_completion_waits(db_dsn: str) -> None:
+    # The completion arrives while the rescuer's update is uncommitted: it waits for the
+    # row lock, then re-checks its fence against the committed row and matches nothing.
+    job_id, token = _expired_running(db_dsn)
+    result: list[list[int]] = []
+    with two_connections(db_dsn) as (worker, rescuer):
+        assert _rescue(rescuer) == [job_id]
+        thread = threading.Thread(target=lambda: result.append(_complete(worker, job_id, token)))
+        thread.start()
+        try:
+            wait_for(
+                _waits_on_a_lock(db_dsn, _backend_pid(worker)),
+                timeout=10,
+                message="the completion to block on the rescuer's row lock",
+            )
+        finally:
+            rescuer.commit()
+            thread.join(timeout=10)
+        assert not thread.is_alive()
+        worker.commit()
+    assert result == [[]]
+    with connect(db_dsn) as conn:
+        assert job_row(conn, job_id)["state"] == "queued"
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired"]
+
+
+def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None:
+    # The rescuer's snapshot is taken before the completion commits; SKIP LOCKED means it
+    # never waits, and a later tick finds the row no longer running.
+    job_id, token = _expired_running(db_dsn)
+    with two_connections(db_dsn) as (worker, rescuer):
+        lock = rescuer.execute(QUERIES["rescuer_try_lock"]).fetchone()
+        assert lock is not None and lock["leader"]
+        assert _complete(worker, job_id, token) == [job_id]
+        rows = rescuer.execute(
+            QUERIES["job_rescue_expired"], {"max_rescues": 5, "limit": 1000}
+        ).fetchall()
+        assert rows == []
+        worker.commit()
+        assert _rescue(rescuer) == []  # the next tick: nothing is running any more
+        rescuer.commit()
+    with connect(db_dsn) as conn:
+        assert job_row(conn, job_id)["state"] == "succeeded"
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["succeeded"]

@@ -1,0 +1,178 @@
+"""Settings: working defaults, every DEADMAN_* variable parsed, nonsense refused with
+a message that names the variable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from deadman.config import Settings
+from deadman.errors import ConfigError
+
+
+def test_defaults_are_valid() -> None:
+    s = Settings()
+    assert s.lease_ttl_s == 10.0
+    assert s.heartbeat_s * 2 <= s.lease_ttl_s
+    assert s.queues == ("default",)
+    assert s.database_url is None
+    assert s.api_token is None
+    assert Settings.from_env({}) == s
+
+
+def test_from_env_reads_os_environ_when_no_mapping_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DEADMAN_CONCURRENCY", "7")
+    assert Settings.from_env().concurrency == 7
+
+
+PARSED: list[tuple[str, str, object]] = [
+    ("DEADMAN_DATABASE_URL", "postgresql://u@h:5433/db", "postgresql://u@h:5433/db"),
+    ("DEADMAN_LEASE_TTL_S", "30", 30.0),
+    ("DEADMAN_HEARTBEAT_S", "1.5", 1.5),
+    ("DEADMAN_RESCUE_S", "0.25", 0.25),
+    ("DEADMAN_POLL_S", "3", 3.0),
+    ("DEADMAN_CONCURRENCY", "32", 32),
+    ("DEADMAN_QUEUES", " a, b ,,c ", ("a", "b", "c")),
+    ("DEADMAN_MAX_ATTEMPTS", "9", 9),
+    ("DEADMAN_MAX_RESCUES", "0", 0),
+    ("DEADMAN_SHUTDOWN_GRACE_S", "0", 0.0),
+    ("DEADMAN_API_TOKEN", "s3cret", "s3cret"),
+    ("DEADMAN_MAX_PAYLOAD_BYTES", "2048", 2048),
+    ("DEADMAN_MAX_QUEUE_DEPTH", "1000", 1000),
+    ("DEADMAN_RETENTION_SUCCEEDED_S", "60", 60.0),
+    ("DEADMAN_RETENTION_FAILED_S", "120.5", 120.5),
+    ("DEADMAN_COMPLETER_BATCH", "50", 50),
+    ("DEADMAN_POOL_SIZE", "8", 8),
+    ("DEADMAN_LOG_FORMAT", "json", "json"),
+    ("DEADMAN_LOG_LEVEL", "debug", "debug"),
+]
+
+
+def test_every_setting_has_a_parse_case() -> None:
+    tested = {var for var, _, _ in PARSED}
+    assert tested == {"DEADMAN_" + f.name.upper() for f in dataclasses.fields(Settings)}
+
+
+@pytest.mark.parametrize(("var", "raw", "expected"), PARSED, ids=[v for v, _, _ in PARSED])
+def test_each_variable_is_parsed(var: str, raw: str, expected: object) -> None:
+    s = Settings.from_env({var: raw})
+    assert getattr(s, var.removeprefix("DEADMAN_").lower()) == expected
+
+
+@pytest.mark.parametrize("raw", ["off", "none", "0"])
+def test_max_queue_depth_can_be_switched_off(raw: str) -> None:
+    assert Settings.from_env({"DEADMAN_MAX_QUEUE_DEPTH": raw}).max_queue_depth is None
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_blank_variables_mean_the_default(raw: str) -> None:
+    assert Settings.from_env({"DEADMAN_CONCURRENCY": raw, "DEADMAN_QUEUES": raw}) == Settings()
+
+
+def test_overrides_win_over_the_environment_and_none_is_ignored() -> None:
+    env = {"DEADMAN_CONCURRENCY": "3", "DEADMAN_MAX_ATTEMPTS": "4"}
+    s = Settings.from_env(env, concurrency=5, max_attempts=None)
+    assert (s.concurrency, s.max_attempts) == (5, 4)
+
+
+def test_with_returns_a_new_validated_copy() -> None:
+    s = Settings()
+    assert s.with_(concurrency=2).concurrency == 2
+    assert s.concurrency == 10
+    with pytest.raises(ConfigError, match="DEADMAN_CONCURRENCY"):
+        s.with_(concurrency=0)
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().concurrency = 3  # type: ignore[misc]
+
+
+def test_heartbeat_at_exactly_half_the_ttl_is_accepted() -> None:
+    s = Settings.from_env({"DEADMAN_LEASE_TTL_S": "10", "DEADMAN_HEARTBEAT_S": "5"})
+    assert s.heartbeat_s == 5.0
+
+
+def test_heartbeat_over_half_the_ttl_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="DEADMAN_HEARTBEAT_S") as excinfo:
+        Settings.from_env({"DEADMAN_LEASE_TTL_S": "10", "DEADMAN_HEARTBEAT_S": "5.01"})
+    assert "DEADMAN_LEASE_TTL_S" in str(excinfo.value)
+
+
+NONSENSE: list[tuple[str, str]] = [
+    ("DEADMAN_LEASE_TTL_S", "ten"),
+    ("DEADMAN_LEASE_TTL_S", "0"),
+    ("DEADMAN_LEASE_TTL_S", "-5"),
+    ("DEADMAN_LEASE_TTL_S", "nan"),
+    ("DEADMAN_HEARTBEAT_S", "0"),
+    ("DEADMAN_HEARTBEAT_S", "2s"),
+    ("DEADMAN_RESCUE_S", "0"),
+    ("DEADMAN_POLL_S", "-1"),
+    ("DEADMAN_CONCURRENCY", "0"),
+    ("DEADMAN_CONCURRENCY", "10001"),
+    ("DEADMAN_CONCURRENCY", "1.5"),
+    ("DEADMAN_CONCURRENCY", "many"),
+    ("DEADMAN_QUEUES", ","),
+    ("DEADMAN_QUEUES", " , ,"),
+    ("DEADMAN_MAX_ATTEMPTS", "0"),
+    ("DEADMAN_MAX_ATTEMPTS", "101"),
+    ("DEADMAN_MAX_RESCUES", "-1"),
+    ("DEADMAN_MAX_RESCUES", "1001"),
+    ("DEADMAN_SHUTDOWN_GRACE_S", "-1"),
+    ("DEADMAN_MAX_PAYLOAD_BYTES", "0"),
+    ("DEADMAN_MAX_PAYLOAD_BYTES", "1MB"),
+    ("DEADMAN_MAX_QUEUE_DEPTH", "-5"),
+    ("DEADMAN_MAX_QUEUE_DEPTH", "lots"),
+    ("DEADMAN_RETENTION_SUCCEEDED_S", "a day"),
+    ("DEADMAN_COMPLETER_BATCH", "0"),
+    ("DEADMAN_POOL_SIZE", "-1"),
+    ("DEADMAN_LOG_FORMAT", "xml"),
+]
+
+
+@pytest.mark.parametrize(("var", "raw"), NONSENSE, ids=[f"{v}={r}" for v, r in NONSENSE])
+def test_nonsense_is_rejected_naming_the_variable(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        Settings.from_env({var: raw})
+    assert var in str(excinfo.value)
+
+
+def test_an_empty_api_token_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="DEADMAN_API_TOKEN"):
+        Settings(api_token="")
+
+
+def test_unparseable_value_keeps_the_cause() -> None:
+    with pytest.raises(ConfigError, match=r"DEADMAN_POLL_S='soon' is not valid") as excinfo:
+        Settings.from_env({"DEADMAN_POLL_S": "soon"})
+    assert isinstance(excinfo.value.__cause__, ValueError)
+
+
+def test_lease_margin_is_below_the_ttl() -> None:
+    assert Settings(lease_ttl_s=2, heartbeat_s=0.5).lease_margin_s == 0.5
+    assert Settings(lease_ttl_s=10, heartbeat_s=4).lease_margin_s == 2.5
+
+
+# ------------------------------------------------------------- nonsense still accepted
+
+
+def test_infinite_lease_ttl_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="DEADMAN_LEASE_TTL_S"):
+        Settings.from_env({"DEADMAN_LEASE_TTL_S": "inf"})
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [("DEADMAN_RETENTION_SUCCEEDED_S", "-3600"), ("DEADMAN_RETENTION_FAILED_S", "nan")],
+)
+def test_nonsense_retention_is_rejected(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        Settings.from_env({var: raw})
+
+
+def test_invalid_queue_names_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="DEADMAN_QUEUES"):
+        Settings.from_env({"DEADMAN_QUEUES": "default,bad queue"})

@@ -1,0 +1,279 @@
+"""The transition table, backoff policies and field validation.
+
+The expected answers below are written out by hand from the lifecycle in
+ARCHITECTURE.md, never derived from ``model.TRANSITIONS``: a test that reads the
+table it checks cannot fail.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deadman.errors import IllegalTransition, InvalidJob
+from deadman.model import (
+    AttemptOutcome,
+    Backoff,
+    Job,
+    JobState,
+    can_transition,
+    check_transition,
+    validate_priority,
+    validate_queue,
+    validate_type,
+)
+
+# x: legal move, .: illegal. Rows are the source state, columns the destination.
+# waiting -> scheduled is the dependency-finished case of a job whose run_at is still
+# in the future (the diagram draws the due case, waiting -> queued).
+TABLE = """
+             waiting  scheduled  queued  running  retrying  succeeded  dead  cancelled
+waiting         .         x        x       .        .          .        .       x
+scheduled       .         .        x       x        .          .        .       x
+queued          .         .        .       x        .          .        .       x
+running         .         .        x       .        x          x        x       x
+retrying        .         .        x       x        .          .        .       x
+succeeded       .         .        .       .        .          .        .       .
+dead            .         .        x       .        .          .        .       .
+cancelled       .         .        x       .        .          .        .       .
+"""
+
+
+def _expected() -> list[tuple[str, str, bool]]:
+    header, *rows = TABLE.strip().splitlines()
+    columns = header.split()
+    cases = []
+    for line in rows:
+        src, *cells = line.split()
+        for dst, cell in zip(columns, cells, strict=True):
+            assert cell in ("x", "."), (src, cell)
+            cases.append((src, dst, cell == "x"))
+    return cases
+
+
+CASES = _expected()
+
+
+def test_the_expected_table_covers_all_64_pairs() -> None:
+    assert len(CASES) == 64
+    states = {s.value for s in JobState}
+    assert {(s, d) for s, d, _ in CASES} == {(s, d) for s in states for d in states}
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "legal"),
+    CASES,
+    ids=[f"{s}->{d}-{'legal' if ok else 'illegal'}" for s, d, ok in CASES],
+)
+def test_transition(src: str, dst: str, legal: bool) -> None:
+    s, d = JobState(src), JobState(dst)
+    assert can_transition(s, d) is legal
+    if legal:
+        check_transition(s, d)
+    else:
+        with pytest.raises(IllegalTransition, match=f"from {src} to {dst}"):
+            check_transition(s, d)
+
+
+def test_terminal_states() -> None:
+    assert {s.value for s in JobState if s.terminal} == {"succeeded", "dead", "cancelled"}
+
+
+def test_attempt_outcomes_match_the_schema_check() -> None:
+    assert {o.value for o in AttemptOutcome} == {
+        "succeeded",
+        "failed",
+        "lease_expired",
+        "released",
+        "cancelled",
+        "timed_out",
+    }
+
+
+# --------------------------------------------------------------------------- backoff
+
+
+@pytest.mark.parametrize(
+    ("attempt", "ceiling"),
+    [
+        (1, 1000),
+        (2, 2000),
+        (3, 4000),
+        (4, 8000),
+        (8, 128_000),
+        (9, 256_000),  # last one under the cap
+        (10, 300_000),  # 512_000 capped
+        (11, 300_000),
+        (1000, 300_000),  # no overflow for absurd attempt numbers
+    ],
+)
+def test_exponential_ceiling(attempt: int, ceiling: int) -> None:
+    policy = Backoff(strategy="exponential", base_ms=1000, max_ms=300_000, jitter="none")
+    assert policy.ceiling_ms(attempt) == ceiling
+    assert policy.delay_ms(attempt) == ceiling
+
+
+def test_exponential_ceiling_for_attempt_zero_is_the_base() -> None:
+    policy = Backoff(base_ms=250, max_ms=10_000, jitter="none")
+    assert policy.ceiling_ms(0) == 250
+    assert policy.ceiling_ms(-3) == 250
+
+
+def test_cap_equal_to_base_is_constant() -> None:
+    policy = Backoff(base_ms=500, max_ms=500, jitter="none")
+    assert [policy.delay_ms(a) for a in range(1, 6)] == [500] * 5
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 7, 50])
+def test_fixed_is_the_base_every_time(attempt: int) -> None:
+    policy = Backoff(strategy="fixed", base_ms=1500, max_ms=60_000, jitter="none")
+    assert policy.ceiling_ms(attempt) == 1500
+    assert policy.delay_ms(attempt) == 1500
+
+
+def test_fixed_with_full_jitter_stays_under_the_base() -> None:
+    policy = Backoff(strategy="fixed", base_ms=1500, max_ms=60_000, jitter="full")
+    rng = random.Random(7)
+    draws = [policy.delay_ms(a, rng) for a in range(1, 200)]
+    assert all(0 <= d <= 1500 for d in draws)
+
+
+def test_full_jitter_spreads_over_the_whole_range() -> None:
+    # Full jitter, not "ceiling +- a little": retries of jobs that failed together
+    # must spread out. Seeded, so this is deterministic.
+    policy = Backoff(base_ms=1000, max_ms=300_000, jitter="full")
+    rng = random.Random(42)
+    draws = [policy.delay_ms(4, rng) for _ in range(500)]
+    assert min(draws) < 8000 * 0.1
+    assert max(draws) > 8000 * 0.9
+    assert len(set(draws)) > 100
+
+
+@st.composite
+def backoffs(draw: st.DrawFn) -> Backoff:
+    base = draw(st.integers(0, 86_400_000))
+    cap = draw(st.integers(base, 86_400_000))
+    strategies: list[Literal["exponential", "fixed"]] = ["exponential", "fixed"]
+    strategy = draw(st.sampled_from(strategies))
+    return Backoff(strategy=strategy, base_ms=base, max_ms=cap, jitter="full")
+
+
+@settings(database=None, max_examples=300, deadline=None)
+@given(policy=backoffs(), attempt=st.integers(-5, 10_000), rng=st.randoms(use_true_random=False))
+def test_full_jitter_is_within_zero_and_the_ceiling(
+    policy: Backoff, attempt: int, rng: random.Random
+) -> None:
+    ceiling = policy.ceiling_ms(attempt)
+    assert 0 <= ceiling <= policy.max_ms
+    if policy.strategy == "fixed":
+        assert ceiling == policy.base_ms
+    assert 0 <= policy.delay_ms(attempt, rng) <= ceiling
+
+
+@settings(database=None, max_examples=200, deadline=None)
+@given(policy=backoffs(), attempt=st.integers(1, 200))
+def test_exponential_ceiling_never_decreases(policy: Backoff, attempt: int) -> None:
+    assert policy.ceiling_ms(attempt) <= policy.ceiling_ms(attempt + 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"strategy": "linear"},
+        {"jitter": "half"},
+        {"base_ms": -1},
+        {"base_ms": 86_400_001, "max_ms": 86_400_001},
+        {"base_ms": 5000, "max_ms": 4999},
+        {"max_ms": 86_400_001},
+    ],
+    ids=["strategy", "jitter", "negative-base", "base-too-big", "cap-below-base", "cap-too-big"],
+)
+def test_invalid_backoff_is_rejected(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InvalidJob, match="backoff"):
+        Backoff(**kwargs)
+
+
+def test_backoff_edges_are_accepted() -> None:
+    Backoff(base_ms=0, max_ms=0)
+    Backoff(base_ms=86_400_000, max_ms=86_400_000)
+
+
+def test_backoff_json_round_trip() -> None:
+    policy = Backoff(strategy="fixed", base_ms=10, max_ms=20, jitter="none")
+    assert Backoff.from_json(policy.to_json()) == policy
+    assert Backoff.from_json(None) == Backoff()
+    assert Backoff.from_json({}) == Backoff()
+    with pytest.raises(InvalidJob):
+        Backoff.from_json({"strategy": "sometimes"})
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("name", ["a", "email.send", "A-Z_0:9", "x" * 128])
+def test_valid_type_and_queue_names(name: str) -> None:
+    assert validate_type(name) == name
+    assert validate_queue(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "x" * 129, "has space", "slash/ed", "tab\t", "trailing\n", "é", "semi;colon"],
+    ids=["empty", "too-long", "space", "slash", "tab", "newline", "non-ascii", "semicolon"],
+)
+def test_invalid_type_and_queue_names(name: str) -> None:
+    with pytest.raises(InvalidJob, match="job type"):
+        validate_type(name)
+    with pytest.raises(InvalidJob, match="queue"):
+        validate_queue(name)
+
+
+@pytest.mark.parametrize("priority", [-100, -1, 0, 1, 100])
+def test_valid_priority(priority: int) -> None:
+    assert validate_priority(priority) == priority
+
+
+@pytest.mark.parametrize("priority", [-101, 101, 10**9])
+def test_priority_out_of_range(priority: int) -> None:
+    with pytest.raises(InvalidJob, match="between -100 and 100"):
+        validate_priority(priority)
+
+
+@pytest.mark.parametrize("priority", [True, 1.5, "5", None])
+def test_priority_must_be_an_integer(priority: Any) -> None:
+    with pytest.raises(InvalidJob, match="integer"):
+        validate_priority(priority)
+
+
+def test_job_from_row_with_and_without_lease() -> None:
+    now = datetime.now(UTC)
+    row: dict[str, Any] = {
+        "id": 7,
+        "type": "t",
+        "queue": "q",
+        "priority": 3,
+        "payload": {"a": 1},
+        "state": "running",
+        "attempt": 2,
+        "max_attempts": 5,
+        "rescues": 1,
+        "backoff": {"strategy": "fixed", "base_ms": 5, "max_ms": 5, "jitter": "none"},
+        "timeout_ms": 100,
+        "run_at": now,
+        "created_at": now,
+        "lease_token": 42,
+        "lease_worker": "w",
+        "lease_expires_at": now,
+    }
+    job = Job.from_row(row)
+    assert job.state is JobState.RUNNING
+    assert job.lease is not None and job.lease.token == 42 and job.lease.worker == "w"
+    assert job.backoff == Backoff(strategy="fixed", base_ms=5, max_ms=5, jitter="none")
+    idle = Job.from_row({**row, "state": "queued", "lease_token": None})
+    assert idle.lease is None
+    assert idle.cancel_requested is False

@@ -1,0 +1,83 @@
+"""The named-query loader, and that every query the code asks for exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from deadman.db import queries
+from deadman.db.queries import QUERIES, parse
+
+PACKAGE = Path(queries.__file__).resolve().parents[1]
+
+
+def test_parse_splits_on_names_and_keeps_comments_inside_a_query() -> None:
+    text = """-- a file header that belongs to no query
+
+-- name: first
+-- what it is for
+SELECT 1;
+
+-- name: second_one
+SELECT %(x)s
+FROM t;
+"""
+    got = parse(text)
+    assert list(got) == ["first", "second_one"]
+    assert got["first"] == "-- what it is for\nSELECT 1;"
+    assert got["second_one"] == "SELECT %(x)s\nFROM t;"
+
+
+def test_parse_of_a_file_without_names_is_empty() -> None:
+    assert parse("-- just a comment\n") == {}
+
+
+def test_duplicate_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="'dup' is defined twice"):
+        parse("-- name: dup\nSELECT 1;\n-- name: other\nSELECT 2;\n-- name: dup\nSELECT 3;\n")
+
+
+@pytest.mark.parametrize(
+    "body", ["", "\n\n", "-- only a comment\n", "   -- indented comment\n\n"], ids=repr
+)
+def test_empty_queries_are_rejected(body: str) -> None:
+    with pytest.raises(ValueError, match="'empty' is empty"):
+        parse(f"-- name: ok\nSELECT 1;\n-- name: empty\n{body}-- name: after\nSELECT 2;\n")
+
+
+def test_the_shipped_file_loads() -> None:
+    assert len(QUERIES) >= 20
+    assert all(sql.strip() for sql in QUERIES.values())
+    for name in QUERIES:
+        assert re.fullmatch(r"[a-z_][a-z0-9_]*", name)
+
+
+def _names_used(source: str) -> set[str]:
+    used = set(re.findall(r"""QUERIES\[\s*["']([a-z0-9_]+)["']\s*\]""", source))
+    used |= set(re.findall(r"""\._all\(\s*["']([a-z0-9_]+)["']""", source))
+    return used
+
+
+def test_every_query_the_store_uses_exists() -> None:
+    source = (PACKAGE / "store.py").read_text(encoding="utf-8")
+    used = _names_used(source)
+    # Guard against the regexes silently matching nothing after a refactor.
+    assert {"job_insert", "job_claim", "job_finish_many", "job_rescue_expired"} <= used
+    assert sorted(used - set(QUERIES)) == []
+
+
+def test_every_query_the_package_uses_exists() -> None:
+    missing: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in sorted(_names_used(path.read_text(encoding="utf-8")) - set(QUERIES)):
+            missing.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    assert missing == {}
+
+
+def test_values_are_parameters_never_python_formatting() -> None:
+    # %(name)s placeholders only; a bare % must be doubled (format() in the rescue).
+    for name, sql in QUERIES.items():
+        stripped = re.sub(r"%\([a-z_]+\)s|%%", "", sql)
+        assert "%" not in stripped, name
