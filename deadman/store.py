@@ -26,7 +26,8 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from deadman.db.queries import QUERIES
@@ -47,6 +48,9 @@ SyncConn = psycopg.Connection[Any]
 
 
 # --------------------------------------------------------------------------- params
+
+MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
+MAX_TIMEOUT_MS = 2**31 - 1  # the column is an integer
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,12 @@ class NewJob:
             raise InvalidJob("run_at must carry a time zone")
         if self.delay_ms < 0:
             raise InvalidJob("delay must not be negative")
+        if self.delay_ms > MAX_DELAY_MS:
+            raise InvalidJob(f"delay must be at most {MAX_DELAY_MS} ms (10 years)")
         if self.max_attempts is not None and not 1 <= self.max_attempts <= 1000:
             raise InvalidJob("max_attempts must be between 1 and 1000")
-        if self.timeout_ms is not None and self.timeout_ms <= 0:
-            raise InvalidJob("timeout must be positive")
+        if self.timeout_ms is not None and not 0 < self.timeout_ms <= MAX_TIMEOUT_MS:
+            raise InvalidJob(f"timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
         if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
             raise InvalidJob("idempotency_key must be 1-255 characters")
 
@@ -175,7 +181,8 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
         "states": [f.state.value for f in finishes],
         "outcomes": [f.outcome.value for f in finishes],
         "delays_ms": [f.delay_ms for f in finishes],
-        "errors": [f.error for f in finishes],
+        # Postgres text cannot hold NUL; an error message must never sink its batch.
+        "errors": [None if f.error is None else f.error.replace("\x00", "\\x00") for f in finishes],
         "results": [Jsonb(f.result) for f in finishes],
     }
 
@@ -195,6 +202,82 @@ def heartbeat_params(p: HeartbeatParams) -> dict[str, Any]:
 
 def _ms(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds() * 1000.0
+
+
+@dataclass(frozen=True)
+class ListParams:
+    """One page of the job listing: filters (None: any) and the keyset cursor."""
+
+    limit: int
+    state: JobState | None = None
+    type: str | None = None
+    queue: str | None = None
+    before_id: int | None = None  # only jobs with a smaller id (the previous page's last)
+
+
+@dataclass(frozen=True)
+class BatchInserted:
+    """The outcome of a batch insert, index by index with the input.
+
+    ``jobs[i]`` is the row for input ``i`` and ``created[i]`` False when it was a
+    replay of an existing job. When ``mismatched`` (inputs whose idempotency key
+    belongs to a job made from a different request) or ``vanished`` (a replayed row
+    deleted meanwhile) is non-empty, nothing was committed and ``jobs`` is partial.
+    """
+
+    jobs: tuple[Job, ...]
+    created: tuple[bool, ...]
+    mismatched: tuple[int, ...] = ()
+    vanished: tuple[int, ...] = ()
+
+
+def batch_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, Any]:
+    return {
+        "ords": list(range(len(jobs))),
+        "types": [j.type for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "payloads": [Jsonb(j.payload) for j in jobs],
+        "max_attempts": [j.max_attempts or default_max_attempts for j in jobs],
+        "backoffs": [Jsonb(j.backoff.to_json()) for j in jobs],
+        "timeouts_ms": [j.timeout_ms for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "delays_ms": [j.delay_ms for j in jobs],
+        "idempotency_keys": [j.idempotency_key for j in jobs],
+        "request_hashes": [j.request_hash() for j in jobs],
+    }
+
+
+def match_batch(
+    jobs: Sequence[NewJob], inserted: Sequence[Job], existing: Sequence[Job]
+) -> BatchInserted:
+    """Pair each input with its row: inserted rows by key, or (key-less) by id order,
+    which is input order (job_insert_many_returning inserts in that order); skipped
+    keyed rows with the existing job, a replay only if its request hash matches."""
+    by_key = {j.idempotency_key: j for j in inserted if j.idempotency_key is not None}
+    unkeyed = iter(sorted((j for j in inserted if j.idempotency_key is None), key=lambda j: j.id))
+    old = {j.idempotency_key: j for j in existing}
+    out: list[Job] = []
+    created: list[bool] = []
+    mismatched: list[int] = []
+    vanished: list[int] = []
+    for i, new in enumerate(jobs):
+        key = new.idempotency_key
+        if key is None:
+            out.append(next(unkeyed))
+            created.append(True)
+        elif key in by_key:
+            out.append(by_key[key])
+            created.append(True)
+        elif key in old:
+            if old[key].request_hash == new.request_hash():
+                out.append(old[key])
+                created.append(False)
+            else:
+                mismatched.append(i)
+        else:
+            vanished.append(i)
+    return BatchInserted(tuple(out), tuple(created), tuple(mismatched), tuple(vanished))
 
 
 # --------------------------------------------------------------------------- async
@@ -242,7 +325,7 @@ class AsyncStore:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(DatabaseUnavailable),
             stop=stop_after_delay(self.retry_s if retry_s is None else retry_s),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
             reraise=True,
         ):
             with attempt, translate():
@@ -360,6 +443,89 @@ class AsyncStore:
                 QUERIES["effect_insert"], {"job_id": job_id, "lease_token": lease_token}
             )
 
+    # -- the HTTP API --------------------------------------------------------------
+
+    async def job_get_by_idempotency_key(self, key: str) -> Job | None:
+        rows = await self._all("job_get_by_idempotency_key", {"idempotency_key": key})
+        return Job.from_row(rows[0]) if rows else None
+
+    async def job_insert_many_returning(
+        self, jobs: Sequence[NewJob], default_max_attempts: int
+    ) -> BatchInserted:
+        """Insert ``jobs`` in one transaction: all of them, or none.
+
+        A job whose idempotency key is already taken is a replay when the existing
+        job was made from the same request (it is returned, ``created`` False); when
+        not, the whole transaction is rolled back and its index is reported in
+        ``mismatched``. Keys must be unique within ``jobs`` (the caller checks).
+        """
+        params = batch_params(jobs, default_max_attempts)
+        keys = [j.idempotency_key for j in jobs if j.idempotency_key is not None]
+        # A replayed row deleted by retention between our two statements would look
+        # like a reused key; the whole transaction is tried again (then it inserts).
+        for _ in range(3):
+            with translate():
+                async with self.pool.connection() as conn, conn.transaction():
+                    cur = await conn.execute(QUERIES["job_insert_many_returning"], params)
+                    inserted = [Job.from_row(r) for r in await cur.fetchall()]
+                    existing: list[Job] = []
+                    if len(inserted) < len(jobs) and keys:
+                        cur = await conn.execute(
+                            QUERIES["job_get_many_by_idempotency_key"], {"keys": keys}
+                        )
+                        existing = [Job.from_row(r) for r in await cur.fetchall()]
+                    result = match_batch(jobs, inserted, existing)
+                    if result.mismatched or result.vanished:
+                        raise psycopg.Rollback()  # caught by conn.transaction(): rolled back
+            if not result.vanished:
+                return result
+        return result
+
+    async def job_list(self, p: ListParams) -> list[Job]:
+        """One page, newest first; unprepared on purpose (see the query's comment)."""
+        params = {
+            "state": p.state.value if p.state else None,
+            "type": p.type,
+            "queue": p.queue,
+            "before": p.before_id,
+            "limit": p.limit,
+        }
+        with translate():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES["job_list"], params, prepare=False)
+                return [Job.from_row(r) for r in await cur.fetchall()]
+
+    async def job_cancel(self, job_id: int) -> Job | None:
+        rows = await self._all("job_cancel", {"id": job_id})
+        return Job.from_row(rows[0]) if rows else None
+
+    async def job_retry(self, job_id: int) -> Job | None:
+        rows = await self._all("job_retry", {"id": job_id})
+        return Job.from_row(rows[0]) if rows else None
+
+    async def queue_depth_get(self, queue: str, cap: int) -> int:
+        """Jobs waiting in ``queue``, counted up to ``cap`` at most."""
+        rows = await self._all("queue_depth_get", {"queue": queue, "cap": cap})
+        return int(rows[0]["n"])
+
+    async def queue_list(self) -> list[DictRow]:
+        return await self._all("queue_list", {})
+
+    async def queue_set_paused(self, name: str, paused: bool) -> DictRow:
+        rows = await self._all("queue_set_paused", {"name": name, "paused": paused})
+        return rows[0]
+
+    async def worker_list(self, ttl_ms: int) -> list[DictRow]:
+        return await self._all("worker_list", {"ttl_ms": ttl_ms})
+
+    async def stats_get(self) -> list[DictRow]:
+        return await self._all("stats_get", {})
+
+    async def schema_version_get(self) -> int | None:
+        rows = await self._all("schema_version_get", {})
+        version = rows[0]["version"] if rows else None
+        return None if version is None else int(version)
+
 
 # --------------------------------------------------------------------------- sync
 
@@ -394,6 +560,7 @@ class SyncStore:
         """
         with translate(), conn.cursor() as cur:
             cur.execute(QUERIES["job_stage_prepare"])
+            cur.execute(QUERIES["job_stage_clear"])
             with cur.copy(QUERIES["job_stage_copy"]) as copy:
                 for i, job in enumerate(jobs):
                     copy.write_row(
@@ -409,6 +576,7 @@ class SyncStore:
                             job.run_at,
                             job.delay_ms,
                             job.idempotency_key,
+                            job.request_hash(),
                         )
                     )
             cur.execute(QUERIES["job_insert_staged"])

@@ -25,10 +25,13 @@ SELECT version, name FROM deadman.schema_migrations ORDER BY version;
 -- name: migrations_record
 INSERT INTO deadman.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: schema_migrations_exists
+-- False before the first `deadman migrate` (then schema_version_get would fail).
+SELECT to_regclass('deadman.schema_migrations') IS NOT NULL AS present;
+
 -- name: schema_version_get
--- The highest applied migration, or NULL before the first `deadman migrate`.
-SELECT CASE WHEN to_regclass('deadman.schema_migrations') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM deadman.schema_migrations) END AS version;
+-- The highest applied migration (NULL if none).
+SELECT max(version) AS version FROM deadman.schema_migrations;
 
 -- name: job_insert
 -- One job. A due job is 'queued', a future one 'scheduled'. With an idempotency key
@@ -54,21 +57,26 @@ RETURNING *;
 CREATE TEMP TABLE IF NOT EXISTS deadman_stage (
     ord bigint, type text, queue text, priority integer, payload jsonb, max_attempts integer,
     backoff jsonb, timeout_ms integer, run_at timestamptz, delay_ms bigint,
-    idempotency_key text
+    idempotency_key text, request_hash text
 ) ON COMMIT DELETE ROWS;
+
+-- name: job_stage_clear
+-- Two bulk enqueues in one transaction must not see each other's staged rows.
+DELETE FROM pg_temp.deadman_stage;
 
 -- name: job_stage_copy
 COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, backoff,
-                            timeout_ms, run_at, delay_ms, idempotency_key) FROM STDIN;
+                            timeout_ms, run_at, delay_ms, idempotency_key,
+                            request_hash) FROM STDIN;
 
 -- name: job_insert_staged
 -- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
 -- Rows whose idempotency key is taken are skipped; the caller learns which by id.
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
-                          timeout_ms, run_at, idempotency_key)
+                          timeout_ms, run_at, idempotency_key, request_hash)
 SELECT s.type, s.queue, s.priority, s.payload,
        CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key
+       s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key, s.request_hash
 FROM pg_temp.deadman_stage s
 CROSS JOIN LATERAL (
     SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
@@ -297,3 +305,147 @@ SELECT count(*) AS n FROM deadman.effects WHERE job_id = %(job_id)s;
 INSERT INTO deadman.lease_refusals (job_id, lease_token, worker, action)
 SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(workers)s::text[],
                      %(actions)s::text[]);
+
+-- ===== HTTP API =====
+-- The queries of the API server (deadman/api). It may run as the least-privilege role
+-- deadman_api (migrations/0002_api.sql): SELECT, INSERT and UPDATE, never DELETE.
+
+-- name: job_insert_many_returning
+-- POST /jobs/batch: many jobs in one statement; the caller runs it in one transaction
+-- with the replay lookup below, so a batch is created whole or not at all. As in
+-- job_insert, a row whose idempotency key is taken is skipped (ON CONFLICT waits for
+-- a concurrent inserter of that key to finish) and the caller reads it by key. Rows
+-- are inserted in %(ords)s order, so ids grow with it: that is how the caller matches
+-- the returned key-less rows to its input.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ords)s::integer[], %(types)s::text[], %(queues)s::text[],
+                %(priorities)s::integer[], %(payloads)s::jsonb[], %(max_attempts)s::integer[],
+                %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
+                %(delays_ms)s::bigint[], %(idempotency_keys)s::text[],
+                %(request_hashes)s::text[])
+         AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
+              delay_ms, idempotency_key, request_hash)
+)
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key, request_hash)
+SELECT i.type, i.queue, i.priority, i.payload,
+       CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.idempotency_key, i.request_hash
+FROM input i
+CROSS JOIN LATERAL (
+    SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
+) AS r(run_at)
+ORDER BY i.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: job_get_many_by_idempotency_key
+-- The existing jobs behind batch rows that ON CONFLICT skipped (replays, or keys
+-- reused for a different request).
+SELECT * FROM deadman.jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: queue_depth_get
+-- DEADMAN_MAX_QUEUE_DEPTH: how many jobs wait in a queue, counted no further than the
+-- cap, so the check is a short walk of jobs_claim_idx however deep the queue is.
+SELECT count(*) AS n
+FROM (SELECT 1 FROM deadman.jobs
+      WHERE queue = %(queue)s AND state IN ('queued', 'scheduled', 'retrying')
+      LIMIT %(cap)s) AS s;
+
+-- name: job_list
+-- GET /jobs: newest first, keyset pagination (id < %(before)s), optional filters; a
+-- NULL parameter means "no filter". Run unprepared: each execution then gets a plan
+-- for its actual values, in which the NULL tests fold away and the matching
+-- jobs_list_*_idx (or the primary key) is walked backwards. A cached generic plan
+-- would keep the ORs and could scan the whole table for a rare state.
+SELECT * FROM deadman.jobs
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_cancel
+-- POST /jobs/{id}/cancel as one guarded statement, so it cannot race a claim (the
+-- row lock orders them; a claim's SKIP LOCKED passes over a row being cancelled, and
+-- a cancel that waited for a claim re-reads the row and sees it running). A job not
+-- yet running ends 'cancelled' at once; a running one keeps its lease with
+-- cancel_requested set: its worker's heartbeat sees the flag and cancels the handler,
+-- and if that worker is gone the rescuer ends the job 'cancelled'. Every right-hand
+-- side reads the row as it was. No row: unknown id, or the job already finished.
+UPDATE deadman.jobs
+SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
+    cancel_requested = (state = 'running'),
+    finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
+    last_error = CASE WHEN state = 'running' THEN last_error ELSE 'cancelled' END
+WHERE id = %(id)s AND state NOT IN ('succeeded', 'dead', 'cancelled')
+RETURNING *;
+
+-- name: job_retry
+-- POST /jobs/{id}/retry, the dead-letter replay: a dead or cancelled job goes back to
+-- 'queued', due now, with a fresh set of attempts (attempt and rescues 0). Its attempt
+-- history and last_error stay. Wakes the queue's idle producers (the NOTIFY is sent
+-- at commit). No row: unknown id, or a state that cannot be retried.
+WITH retried AS (
+    UPDATE deadman.jobs
+    SET state = 'queued', attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
+        cancel_requested = false, result = NULL
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    RETURNING *
+)
+SELECT r.*, pg_notify('deadman_jobs', r.queue) AS notified FROM retried r;
+
+-- name: queue_list
+-- GET /queues: every queue a job names or that has a settings row, with its pause
+-- flag and exact job counts by state. The counts come from jobs_list_queue_idx
+-- (index-only when the visibility map allows), so their cost grows with the number of
+-- job rows, which retention bounds.
+WITH counts AS (
+    SELECT queue, state, count(*) AS n FROM deadman.jobs GROUP BY queue, state
+), names AS (
+    SELECT queue AS name FROM counts
+    UNION
+    SELECT name FROM deadman.queues
+)
+SELECT nm.name, COALESCE(q.paused, false) AS paused,
+       COALESCE(jsonb_object_agg(c.state, c.n) FILTER (WHERE c.state IS NOT NULL),
+                '{}'::jsonb) AS counts
+FROM names nm
+LEFT JOIN deadman.queues q ON q.name = nm.name
+LEFT JOIN counts c ON c.queue = nm.name
+GROUP BY nm.name, q.paused
+ORDER BY nm.name;
+
+-- name: queue_set_paused
+-- POST /queues/{name}/pause and /resume. job_claim skips paused queues; submissions
+-- to a paused queue are still accepted. An upsert, so a queue can be paused before
+-- its first job exists. Returns the queue as queue_list shows it.
+WITH up AS (
+    INSERT INTO deadman.queues (name, paused) VALUES (%(name)s, %(paused)s)
+    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
+    RETURNING name, paused
+)
+SELECT up.name, up.paused,
+       COALESCE((SELECT jsonb_object_agg(s.state, s.n)
+                 FROM (SELECT state, count(*) AS n FROM deadman.jobs
+                       WHERE queue = up.name GROUP BY state) AS s), '{}'::jsonb) AS counts
+FROM up;
+
+-- name: worker_list
+-- GET /workers: registered worker processes (a worker deregisters when it stops; the
+-- rescuer prunes those that stopped beating), with the number of jobs each holds
+-- (jobs_running_idx) and whether it beat within %(ttl_ms)s by the database clock.
+SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.started_at,
+       w.last_heartbeat_at,
+       w.last_heartbeat_at >= now() - %(ttl_ms)s::bigint * interval '1 millisecond' AS alive,
+       (SELECT count(*) FROM deadman.jobs j
+        WHERE j.lease_worker = w.id AND j.state = 'running') AS jobs_held
+FROM deadman.workers w
+ORDER BY w.id;
+
+-- name: stats_get
+-- GET /stats and the job gauges of /metrics: exact job counts by queue and state
+-- (same cost as queue_list's).
+SELECT queue, state, count(*) AS n FROM deadman.jobs GROUP BY queue, state ORDER BY queue, state;
