@@ -137,6 +137,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(database_url=args.database_url, devdb_base=Path(args.dir))
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The HTTP API on uvicorn. Starts even while the database is down (then /ready
+    says 503); SIGTERM/SIGINT stop accepting, let requests in flight finish, close."""
+    settings = _settings(args)
+    dsn = _dsn(settings)
+    logs.configure(settings.log_format, settings.log_level)
+    import uvicorn
+
+    from deadman.api import create_app
+
+    uvicorn.run(
+        create_app(settings, dsn),
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) or None,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deadman", description="A Postgres-backed job queue.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -170,7 +190,40 @@ def build_parser() -> argparse.ArgumentParser:
     db_arg(demo)
     demo.add_argument("--dir", default=str(DEVDB_BASE))
     demo.set_defaults(func=cmd_demo)
+
+    sv = sub.add_parser("serve", help="run the HTTP API")
+    db_arg(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
+    sv.set_defaults(func=cmd_serve)
+
+    ch = sub.add_parser("chaos", help="kill, pause and restart things under load; verify")
+    db_arg(ch)  # default: a private throwaway cluster (the restart scenario needs one)
+    ch.add_argument("--jobs", type=int, default=100_000)
+    ch.add_argument("--workers", type=int, default=4, help="worker processes")
+    ch.add_argument("--concurrency", type=int, help="handlers at once per worker (32)")
+    ch.add_argument("--kill-rate", type=float, default=0.30, help="P(SIGKILL) per worker per tick")
+    ch.add_argument("--kill-interval", type=float, default=2.0, help="seconds per tick")
+    ch.add_argument("--lease-ttl", type=float, default=3.0, help="seconds")
+    ch.add_argument("--seed", type=int, default=1, help="the fault schedule follows from it")
+    ch.add_argument("--submit", choices=["http", "client"], default="http")
+    ch.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
+    ch.add_argument("--handler-ms", type=int, default=20, help="handler sleeps 0..N ms")
+    ch.add_argument("--keep", action="store_true", help="leave the cluster running, print DSN")
+    ch.add_argument("--unsafe-effects", action="store_true", help="negative control")
+    for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition"):
+        ch.add_argument(f"--{scenario}", action="store_true")
+    ch.add_argument("--submit-faults", action="store_true", help="needs --submit http")
+    ch.add_argument("--all", action="store_true", help="every scenario (the default)")
+    ch.add_argument("--report", help="also write the report as JSON to this path")
+    ch.set_defaults(func=cmd_chaos)
     return p
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from deadman.chaos.harness import main as chaos_main
+
+    return chaos_main(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

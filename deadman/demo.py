@@ -1,23 +1,28 @@
 """``make demo``: a private Postgres (unless DEADMAN_DATABASE_URL is set), a fleet of
-worker processes, a mix of jobs, their states live until all are final, a summary.
-Stops what it started.
+worker processes, the HTTP API (``deadman serve``) through which a mix of jobs is
+submitted, their states live until all are final, a summary. Stops what it started.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import psycopg
 
 from deadman import devdb
-from deadman.client import Client
 from deadman.db.migrate import migrate
 from deadman.model import Backoff, JobState
 from deadman.store import NewJob
@@ -100,9 +105,21 @@ def run_demo(database_url: str | None, devdb_base: Path, timeout_s: float = 120.
             stderr=log_file,
         )
     print(f"worker fleet: 2 processes x 8 slots (pid {fleet.pid}, logs in {log_path})")
+    api: subprocess.Popen[bytes] | None = None
     try:
-        return _submit_and_watch(dsn, timeout_s)
+        with open(devdb_base.parent / "demo-api.log", "ab") as api_log:
+            api, base_url = _start_api(dsn, env, api_log)
+        print(f"HTTP API: {base_url} (pid {api.pid}, logs in {devdb_base.parent / 'demo-api.log'})")
+        return _submit_and_watch(dsn, base_url, timeout_s)
     finally:
+        if api is not None:
+            api.send_signal(signal.SIGTERM)
+            try:
+                api.wait(timeout=15)
+                print("HTTP API stopped")
+            except subprocess.TimeoutExpired:
+                api.kill()
+                print("HTTP API did not stop in 15 s; killed")
         fleet.send_signal(signal.SIGTERM)
         try:
             code = fleet.wait(timeout=30)
@@ -115,25 +132,86 @@ def run_demo(database_url: str | None, devdb_base: Path, timeout_s: float = 120.
             print("private Postgres stopped")
 
 
-def _submit_and_watch(dsn: str, timeout_s: float) -> int:
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_api(
+    dsn: str, env: dict[str, str], log_file: IO[bytes], timeout_s: float = 30.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``deadman serve`` on a free 127.0.0.1 port; returns once /ready says 200."""
+    port = _free_port()
+    api = subprocess.Popen(
+        [sys.executable, "-m", "deadman", "serve", "--port", str(port), "--database-url", dsn],
+        env={k: v for k, v in env.items() if k != "DEADMAN_API_TOKEN"},
+        stdout=log_file,
+        stderr=log_file,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if api.poll() is not None:
+            raise RuntimeError(f"deadman serve exited with {api.returncode}; see its log")
+        try:
+            with urllib.request.urlopen(base_url + "/ready", timeout=2) as r:
+                if r.status == 200:
+                    return api, base_url
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            api.kill()
+            raise RuntimeError(f"deadman serve did not become ready in {timeout_s} s")
+        time.sleep(0.1)
+
+
+def _job_body(job: NewJob) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": job.type, "payload": job.payload, "queue": job.queue}
+    body["priority"] = job.priority
+    body["backoff"] = job.backoff.to_json()
+    if job.delay_ms:
+        body["delay_ms"] = job.delay_ms
+    if job.max_attempts is not None:
+        body["max_attempts"] = job.max_attempts
+    return body
+
+
+def _post_job(base_url: str, body: dict[str, Any], key: str, timeout_s: float = 30.0) -> int:
+    """POST /jobs with an Idempotency-Key, retrying the same key on 503 or a dropped
+    connection until the server acknowledges it (201, or 200 for a replay)."""
+    data = json.dumps(body).encode()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        request = urllib.request.Request(
+            base_url + "/jobs",
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return int(json.loads(r.read())["id"])
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise RuntimeError(f"POST /jobs answered {exc.code}: {exc.read()!r}") from exc
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
+def _submit_and_watch(dsn: str, base_url: str, timeout_s: float) -> int:
     groups = _groups()
     ids: dict[str, list[int]] = {}
-    with Client(dsn) as client:
-        for g in groups:
-            ids[g.label] = [
-                client.enqueue(
-                    j.type,
-                    j.payload,
-                    queue=j.queue,
-                    priority=j.priority,
-                    delay=j.delay_ms / 1000 if j.delay_ms else None,
-                    max_attempts=j.max_attempts,
-                    backoff=j.backoff,
-                ).id
-                for j in g.jobs
-            ]
+    run = uuid.uuid4().hex[:8]  # keys unique to this demo run: a rerun submits anew
+    for g in groups:
+        ids[g.label] = [
+            _post_job(base_url, _job_body(j), f"demo-{run}-{g.label}-{i}")
+            for i, j in enumerate(g.jobs)
+        ]
     all_ids = [i for v in ids.values() for i in v]
-    print(f"submitted {len(all_ids)} jobs\n")
+    print(f"submitted {len(all_ids)} jobs through the HTTP API (POST /jobs, Idempotency-Key)\n")
     deadline = time.monotonic() + timeout_s
     tty = sys.stdout.isatty()
     with psycopg.connect(dsn, autocommit=True) as conn:

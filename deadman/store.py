@@ -125,6 +125,8 @@ class ClaimParams:
     worker: str
     limit: int
     ttl_ms: int
+    #: jobs rescued this many times are quarantined: claimed only alone
+    quarantine_at: int = 5
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,15 @@ class RescueParams:
     max_rescues: int
     limit: int = 1000
 
+    @property
+    def quarantine_at(self) -> int:
+        return quarantine_at(self.max_rescues)
+
+
+def quarantine_at(max_rescues: int) -> int:
+    """Rescues after which a job only runs alone (see job_rescue_expired)."""
+    return max(max_rescues, 1)
+
 
 @dataclass(frozen=True)
 class PruneParams:
@@ -184,6 +195,16 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
         # Postgres text cannot hold NUL; an error message must never sink its batch.
         "errors": [None if f.error is None else f.error.replace("\x00", "\\x00") for f in finishes],
         "results": [Jsonb(f.result) for f in finishes],
+    }
+
+
+def claim_params(p: ClaimParams) -> dict[str, Any]:
+    return {
+        "queue": p.queue,
+        "worker": p.worker,
+        "limit": p.limit,
+        "ttl_ms": p.ttl_ms,
+        "quarantine_at": p.quarantine_at,
     }
 
 
@@ -354,12 +375,21 @@ class AsyncStore:
     # -- the worker's path ---------------------------------------------------------
 
     async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
-        rows = await self._all(
-            "job_claim",
-            {"queue": p.queue, "worker": p.worker, "limit": p.limit, "ttl_ms": p.ttl_ms},
-            retry_s,
-        )
+        rows = await self._all("job_claim", claim_params(p), retry_s)
         return [Job.from_row(r) for r in rows]
+
+    async def job_claim_quarantined(
+        self, p: ClaimParams, retry_s: float | None = None
+    ) -> list[Job]:
+        """At most one quarantined job; only for a worker that holds nothing else."""
+        rows = await self._all("job_claim_quarantined", claim_params(p), retry_s)
+        return [Job.from_row(r) for r in rows]
+
+    async def job_quarantine_pending(self, queues: Sequence[str], quarantine_at: int) -> bool:
+        rows = await self._all(
+            "job_quarantine_pending", {"queues": list(queues), "quarantine_at": quarantine_at}
+        )
+        return bool(rows and rows[0]["pending"])
 
     async def job_next_run_at(self, queue: str) -> float | None:
         """Milliseconds until the queue's next not-yet-due job, or None if there is none."""
@@ -408,7 +438,11 @@ class AsyncStore:
                     return None
                 cur = await conn.execute(
                     QUERIES["job_rescue_expired"],
-                    {"max_rescues": p.max_rescues, "limit": p.limit},
+                    {
+                        "max_rescues": p.max_rescues,
+                        "quarantine_at": p.quarantine_at,
+                        "limit": p.limit,
+                    },
                 )
                 return [
                     Rescued(int(r["id"]), JobState(r["state"]), r["queue"])

@@ -70,6 +70,10 @@ CREATE UNIQUE INDEX jobs_idempotency_key_uq ON deadman.jobs (idempotency_key)
 CREATE INDEX jobs_claim_idx ON deadman.jobs (queue, priority DESC, run_at, id)
     WHERE state IN ('queued', 'scheduled', 'retrying');
 
+-- Rescued jobs waiting to run again; quarantined suspects are found here.
+CREATE INDEX jobs_quarantine_idx ON deadman.jobs (queue, run_at, id)
+    WHERE state IN ('queued', 'scheduled', 'retrying') AND rescues > 0;
+
 -- The rescue and the heartbeat's worker view: only running jobs, a small set.
 -- lease_expires_at is deliberately NOT indexed: renewals then stay HOT updates.
 CREATE INDEX jobs_running_idx ON deadman.jobs (lease_worker)

@@ -105,6 +105,7 @@ WITH candidates AS (
       AND state IN ('queued', 'scheduled', 'retrying')
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+      AND rescues < %(quarantine_at)s  -- quarantined suspects run alone (below)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -119,6 +120,45 @@ SET state = 'running',
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.*;
+
+-- name: job_claim_quarantined
+-- One suspected poison pill (rescued %(quarantine_at)s times or more), for a worker
+-- that holds nothing else: if it crashes again, nothing else dies with it and the
+-- rescuer knows whom to blame. Uses jobs_quarantine_idx (rescued jobs only).
+WITH candidates AS (
+    SELECT id
+    FROM deadman.jobs
+    WHERE queue = %(queue)s
+      AND state IN ('queued', 'scheduled', 'retrying')
+      AND rescues > 0
+      AND rescues >= %(quarantine_at)s
+      AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+    ORDER BY run_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deadman.jobs j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    lease_token = nextval('deadman.lease_token_seq'),
+    lease_worker = %(worker)s,
+    lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
+    started_at = now()
+FROM candidates c
+WHERE j.id = c.id
+RETURNING j.*;
+
+-- name: job_quarantine_pending
+-- Is a quarantined job due in one of these queues? (jobs_quarantine_idx)
+SELECT EXISTS (
+    SELECT 1 FROM deadman.jobs
+    WHERE queue = ANY(%(queues)s::text[])
+      AND state IN ('queued', 'scheduled', 'retrying')
+      AND rescues > 0
+      AND rescues >= %(quarantine_at)s
+      AND run_at <= now()
+) AS pending;
 
 -- name: job_next_run_at
 -- When the next not-yet-due job of a queue becomes due (lets an idle producer sleep
@@ -223,9 +263,14 @@ SELECT pg_try_advisory_xact_lock(716341, 2) AS leader;
 
 -- name: job_rescue_expired
 -- Running jobs whose lease lapsed (by the database clock) go back to 'queued'
--- without using an attempt and with rescues + 1, or to 'dead' once rescues exceeds
--- %(max_rescues)s: a poison pill that kills every worker that touches it must not
--- take the fleet down forever. A job whose cancel was requested ends 'cancelled'.
+-- without using an attempt, with rescues + 1. A job whose cancel was requested ends
+-- 'cancelled'.
+-- Poison pills: a job that kills (or stalls) every worker that runs it must not take
+-- the fleet down forever, but neither may the jobs that merely shared a worker with
+-- it. So a job goes to 'dead' only when rescues exceeds %(max_rescues)s AND it was
+-- its worker's *only* job. Once rescues reaches %(quarantine_at)s a job is
+-- quarantined (job_claim skips it; an idle worker claims it alone through
+-- job_claim_quarantined), so a true poison pill soon gets its solo run.
 -- SKIP LOCKED: a row being completed right now is left alone; that completion
 -- either commits first (then the row is no longer running) or finds its token gone.
 WITH expired AS (
@@ -235,27 +280,38 @@ WITH expired AS (
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), held AS (
+    -- how many jobs each of those workers was running (jobs_running_idx)
+    SELECT lease_worker, count(*) AS n
+    FROM deadman.jobs
+    WHERE state = 'running' AND lease_worker IN (SELECT lease_worker FROM expired)
+    GROUP BY lease_worker
+), verdict AS (
+    SELECT e.*,
+           (j.rescues + 1 > %(max_rescues)s AND COALESCE(h.n, 1) = 1) AS poison,
+           j.cancel_requested AS cancel
+    FROM expired e
+    JOIN deadman.jobs j ON j.id = e.id
+    LEFT JOIN held h ON h.lease_worker = e.lease_worker
 ), rescued AS (
     UPDATE deadman.jobs j
-    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN j.rescues + 1 > %(max_rescues)s THEN 'dead'
+    SET state = CASE WHEN v.cancel THEN 'cancelled'
+                     WHEN v.poison THEN 'dead'
                      ELSE 'queued' END,
         rescues = j.rescues + 1,
-        attempt = CASE WHEN j.cancel_requested OR j.rescues + 1 > %(max_rescues)s
-                       THEN j.attempt ELSE j.attempt - 1 END,
+        attempt = CASE WHEN v.cancel OR v.poison THEN j.attempt ELSE j.attempt - 1 END,
         lease_token = NULL,
         lease_expires_at = NULL,
-        finished_at = CASE WHEN j.cancel_requested OR j.rescues + 1 > %(max_rescues)s
-                           THEN now() END,
-        last_error = CASE WHEN j.cancel_requested THEN 'cancelled while its lease was lost'
-                          WHEN j.rescues + 1 > %(max_rescues)s
-                          THEN format('lease expired %%s times (max_rescues %%s): '
-                                      'the job keeps killing or stalling its worker',
-                                      j.rescues + 1, %(max_rescues)s)
+        finished_at = CASE WHEN v.cancel OR v.poison THEN now() END,
+        last_error = CASE WHEN v.cancel THEN 'cancelled while its lease was lost'
+                          WHEN v.poison
+                          THEN format('lease expired %%s times, the last time while it ran '
+                                      'alone (max_rescues %%s): it keeps killing or '
+                                      'stalling its worker', j.rescues + 1, %(max_rescues)s)
                           ELSE j.last_error END
-    FROM expired e
-    WHERE j.id = e.id
-    RETURNING j.id, j.state, j.queue, e.lease_token, e.lease_worker, e.started_at, e.attempt
+    FROM verdict v
+    WHERE j.id = v.id
+    RETURNING j.id, j.state, j.queue, v.lease_token, v.lease_worker, v.started_at, v.attempt
 ), history AS (
     INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from deadman import logs, metrics
 from deadman.errors import DatabaseUnavailable, DeadmanError
+from deadman.model import JobState
 from deadman.store import AsyncStore, Finish
 
 log = logs.get("deadman.completer")
@@ -26,6 +28,8 @@ class Completer:
         self._wake = asyncio.Event()
         self._stopping = False
         self.flushes = 0
+        #: called after outcomes that put jobs back in line (retrying, released)
+        self.on_requeue: Callable[[], None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     async def submit(self, finish: Finish, queue: str) -> bool:
@@ -99,6 +103,10 @@ class Completer:
                 )
             if not fut.done():
                 fut.set_result(ok)
+        if self.on_requeue is not None and any(
+            f.id in done and f.state in (JobState.RETRYING, JobState.QUEUED) for f, _, _ in batch
+        ):
+            self.on_requeue()
         if refused:
             task = asyncio.create_task(self._record(refused))
             self._background.add(task)

@@ -75,7 +75,10 @@ class Fleet:
                     alive += 1
                     continue
                 if self.stopping:
-                    worst = max(worst, 0 if code == 0 else 1)
+                    # A child still starting up dies of the forwarded signal itself
+                    # (its handlers are not installed yet): that is a clean stop too.
+                    clean = code in (0, -signal.SIGTERM, -signal.SIGINT)
+                    worst = max(worst, 0 if clean else 1)
                     c.proc = None
                     continue
                 up = now - c.started_at

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ class Inflight:
         self._held: dict[int, Held] = {}
         self._empty = asyncio.Event()
         self._empty.set()
+        self._removed = asyncio.Event()
 
     def add(self, held: Held) -> None:
         self._held[held.job.id] = held
@@ -47,6 +49,7 @@ class Inflight:
 
     def remove(self, job_id: int) -> None:
         self._held.pop(job_id, None)
+        self._removed.set()
         if not self._held:
             self._empty.set()
 
@@ -64,3 +67,10 @@ class Inflight:
 
     async def wait_empty(self) -> None:
         await self._empty.wait()
+
+    async def wait_removed(self, timeout: float) -> None:
+        """Until the next job leaves (or timeout). Call without awaiting in between
+        checking the state you wait to change and calling this."""
+        self._removed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._removed.wait(), timeout)

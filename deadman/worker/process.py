@@ -114,9 +114,12 @@ class Worker:
             settings=s,
             executor=executor,
             slots=slots,
+            inflight=inflight,
             worker_id=self.worker_id,
             queues=self.queues,
         )
+        # A retry or release makes a job due later; the idle producer must look again.
+        completer.on_requeue = producer.wake
         heartbeat = Heartbeat(
             store=self.store,
             settings=s,

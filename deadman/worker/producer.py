@@ -7,6 +7,13 @@ once, and only sleeps when a claim came back empty: a short batch is not an empt
 queue (SKIP LOCKED may simply have stepped over rows another worker is taking).
 Idle, it sleeps until a NOTIFY, a freed slot, the queue's next scheduled job, or
 the poll interval, whichever comes first.
+
+Quarantine: a job rescued ``max_rescues`` times is a suspected poison pill. It is
+only ever claimed by a worker that holds nothing else, and that worker claims
+nothing more until it is done, so a crash blames the right job (see the rescue
+query). When a quarantined job is waiting, a busy producer stops claiming until its
+in-flight jobs drain (checked every ``QUARANTINE_CHECK_S``); a fleet under constant
+load therefore pauses briefly for each suspect instead of starving it.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ from collections.abc import Sequence
 from deadman import logs, metrics
 from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
-from deadman.store import AsyncStore, ClaimParams
+from deadman.store import AsyncStore, ClaimParams, quarantine_at
 from deadman.worker.executor import Executor, Slots
+from deadman.worker.inflight import Inflight
 
 log = logs.get("deadman.producer")
+
+QUARANTINE_CHECK_S = 5.0
 
 
 class Producer:
@@ -33,9 +43,15 @@ class Producer:
         settings: Settings,
         executor: Executor,
         slots: Slots,
+        inflight: Inflight,
         worker_id: str,
         queues: Sequence[str],
     ) -> None:
+        self._inflight = inflight
+        self._quarantine_at = quarantine_at(settings.max_rescues)
+        self._isolating: int | None = None  # id of the quarantined job we run alone
+        self._draining = False
+        self._next_quarantine_check = 0.0
         self._store = store
         self._settings = settings
         self._executor = executor
@@ -57,11 +73,22 @@ class Producer:
     async def run(self) -> None:
         ttl_ms = int(self._settings.lease_ttl_s * 1000)
         while not self._stop.is_set():
+            if self._isolating is not None and self._inflight.get(self._isolating) is None:
+                self._isolating = None
+            if self._isolating is not None or (self._draining and len(self._inflight)):
+                # running a suspect alone, or draining so that one can run alone
+                await self._inflight.wait_removed(self._settings.poll_s)
+                continue
             if self._slots.free() <= 0:
                 await self._wait_for_slot()
                 continue
             self._wake.clear()
             try:
+                if not len(self._inflight) and await self._claim_quarantined(ttl_ms):
+                    continue
+                await self._check_quarantine()
+                if self._draining:
+                    continue
                 got = await self._claim_round(ttl_ms)
             except DatabaseUnavailable as exc:
                 log.warning("claim_failed", error=str(exc))
@@ -70,6 +97,46 @@ class Producer:
             if got:
                 continue
             await self._sleep(await self._idle_wait())
+
+    async def _claim_quarantined(self, ttl_ms: int) -> bool:
+        """Idle: take one quarantined job, if any, and run it alone."""
+        self._draining = False
+        for queue in self._queues:
+            jobs = await self._store.job_claim_quarantined(
+                self._claim_params(queue, 1, ttl_ms), retry_s=2.0
+            )
+            if jobs:
+                job = jobs[0]
+                log.warning(
+                    "quarantined_job_claimed",
+                    job_id=job.id,
+                    rescues=job.rescues,
+                    worker=self._worker_id,
+                )
+                metrics.JOBS_CLAIMED.labels(queue).inc()
+                self._isolating = job.id
+                self._executor.start(job, time.monotonic())
+                return True
+        return False
+
+    async def _check_quarantine(self) -> None:
+        """Busy: every few seconds, ask whether a suspect waits; if so, drain."""
+        now = time.monotonic()
+        if now < self._next_quarantine_check:
+            return
+        self._next_quarantine_check = now + QUARANTINE_CHECK_S
+        if await self._store.job_quarantine_pending(self._queues, self._quarantine_at):
+            log.info("draining_for_quarantined_job", held=len(self._inflight))
+            self._draining = True
+
+    def _claim_params(self, queue: str, limit: int, ttl_ms: int) -> ClaimParams:
+        return ClaimParams(
+            queue=queue,
+            worker=self._worker_id,
+            limit=limit,
+            ttl_ms=ttl_ms,
+            quarantine_at=self._quarantine_at,
+        )
 
     async def _claim_round(self, ttl_ms: int) -> int:
         """One claim per queue, rotating the starting queue for fairness."""
@@ -85,10 +152,7 @@ class Producer:
                 break
             queue = self._queues[(start + i) % n]
             sent = time.monotonic()
-            jobs = await self._store.job_claim(
-                ClaimParams(queue=queue, worker=self._worker_id, limit=free, ttl_ms=ttl_ms),
-                retry_s=2.0,
-            )
+            jobs = await self._store.job_claim(self._claim_params(queue, free, ttl_ms), retry_s=2.0)
             self.claims += 1
             if jobs:
                 metrics.JOBS_CLAIMED.labels(queue).inc(len(jobs))

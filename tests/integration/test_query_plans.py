@@ -124,14 +124,16 @@ def test_claim_uses_the_claim_index(seeded_dsn: str, limit: int) -> None:
     nodes = explain(
         seeded_dsn,
         "job_claim",
-        {"queue": "default", "worker": "w", "limit": limit, "ttl_ms": 30_000},
+        {"queue": "default", "worker": "w", "limit": limit, "ttl_ms": 30_000, "quarantine_at": 5},
     )
     assert "jobs_claim_idx" in indexes_used(nodes), nodes
     assert seq_scans_on_jobs(nodes) == []
 
 
 def test_rescue_uses_the_running_index(seeded_dsn: str) -> None:
-    nodes = explain(seeded_dsn, "job_rescue_expired", {"max_rescues": 5, "limit": 1000})
+    nodes = explain(
+        seeded_dsn, "job_rescue_expired", {"max_rescues": 5, "quarantine_at": 5, "limit": 1000}
+    )
     assert "jobs_running_idx" in indexes_used(nodes), nodes
     assert seq_scans_on_jobs(nodes) == []
 
@@ -235,7 +237,8 @@ def test_a_claim_is_not_hot_so_the_measurement_can_fail(db_dsn: str) -> None:
         updated0, hot0 = _xact_updates(conn)
         assert _renew(conn, [(running.id, running.lease_token)]) == 1
         claimed = conn.execute(
-            QUERIES["job_claim"], {"queue": "default", "worker": "w", "limit": 1, "ttl_ms": 1000}
+            QUERIES["job_claim"],
+            {"queue": "default", "worker": "w", "limit": 1, "ttl_ms": 1000, "quarantine_at": 5},
         ).fetchall()
         assert len(claimed) == 1
         updated1, hot1 = _xact_updates(conn)

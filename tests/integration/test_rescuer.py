@@ -91,8 +91,13 @@ def test_a_rescued_job_wakes_its_queue(db_dsn: str) -> None:
 def test_too_many_rescues_is_a_poison_pill(db_dsn: str) -> None:
     settings = Settings(max_rescues=2)
     with connect(db_dsn) as conn:
-        under = insert_job(conn, state="running", attempt=1, rescues=1, lease_expires_in_s=-10).id
-        over = insert_job(conn, state="running", attempt=1, rescues=2, lease_expires_in_s=-10).id
+        # each on its own worker: a job is only blamed when it ran alone
+        under = insert_job(
+            conn, state="running", attempt=1, rescues=1, lease_expires_in_s=-10, lease_worker="a"
+        ).id
+        over = insert_job(
+            conn, state="running", attempt=1, rescues=2, lease_expires_in_s=-10, lease_worker="b"
+        ).id
         report = tick(db_dsn, settings)
         requeued, dead = job_row(conn, under), job_row(conn, over)
     assert report.requeued == [under] and report.dead == [over]
@@ -101,8 +106,45 @@ def test_too_many_rescues_is_a_poison_pill(db_dsn: str) -> None:
     assert (dead["state"], dead["rescues"], dead["attempt"]) == ("dead", 3, 1)
     assert dead["finished_at"] is not None
     assert dead["last_error"] == (
-        "lease expired 3 times (max_rescues 2): the job keeps killing or stalling its worker"
+        "lease expired 3 times, the last time while it ran alone (max_rescues 2): "
+        "it keeps killing or stalling its worker"
     )
+
+
+def test_a_job_is_not_blamed_for_a_crash_it_shared(db_dsn: str) -> None:
+    # Two jobs over the limit on one crashed worker: neither can be blamed, both are
+    # requeued (and quarantined: claimed only alone from now on).
+    settings = Settings(max_rescues=2)
+    with connect(db_dsn) as conn:
+        a = insert_job(conn, state="running", attempt=1, rescues=2, lease_expires_in_s=-10).id
+        b = insert_job(conn, state="running", attempt=1, rescues=2, lease_expires_in_s=-10).id
+        report = tick(db_dsn, settings)
+        rows = [job_row(conn, a), job_row(conn, b)]
+    assert sorted(report.requeued) == sorted([a, b]) and report.dead == []
+    assert [(r["state"], r["rescues"]) for r in rows] == [("queued", 3), ("queued", 3)]
+
+
+def test_quarantined_jobs_are_claimed_only_alone(db_dsn: str) -> None:
+    from deadman.store import AsyncStore, ClaimParams
+
+    with connect(db_dsn) as conn:
+        suspect = insert_job(conn, state="queued", rescues=2).id
+        normal = insert_job(conn, state="queued").id
+
+    async def claims() -> tuple[list[int], list[int]]:
+        store = AsyncStore.create(db_dsn, min_size=1, max_size=2)
+        await store.open()
+        try:
+            p = ClaimParams(queue="default", worker="w", limit=10, ttl_ms=5000, quarantine_at=2)
+            batch = await store.job_claim(p)
+            alone = await store.job_claim_quarantined(p)
+            return [j.id for j in batch], [j.id for j in alone]
+        finally:
+            await store.close()
+
+    batch, alone = asyncio.run(claims())
+    assert batch == [normal]
+    assert alone == [suspect]
 
 
 def test_max_rescues_zero_kills_on_the_first_expiry(db_dsn: str) -> None:
@@ -281,7 +323,9 @@ def _complete(conn: psycopg.Connection[DictRow], job_id: int, token: int) -> lis
 def _rescue(conn: psycopg.Connection[DictRow]) -> list[int]:
     lock = conn.execute(QUERIES["rescuer_try_lock"]).fetchone()
     assert lock is not None and lock["leader"] is True
-    rows = conn.execute(QUERIES["job_rescue_expired"], {"max_rescues": 5, "limit": 1000}).fetchall()
+    rows = conn.execute(
+        QUERIES["job_rescue_expired"], {"max_rescues": 5, "quarantine_at": 5, "limit": 1000}
+    ).fetchall()
     return [int(r["id"]) for r in rows]
 
 
@@ -384,7 +428,7 @@ def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None
         assert lock is not None and lock["leader"]
         assert _complete(worker, job_id, token) == [job_id]
         rows = rescuer.execute(
-            QUERIES["job_rescue_expired"], {"max_rescues": 5, "limit": 1000}
+            QUERIES["job_rescue_expired"], {"max_rescues": 5, "quarantine_at": 5, "limit": 1000}
         ).fetchall()
         assert rows == []
         worker.commit()

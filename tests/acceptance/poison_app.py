@@ -1,0 +1,27 @@
+"""Handlers for the acceptance tests: ``--app tests.acceptance.poison_app:registry``.
+
+- ``poison``: kills its worker process (``os._exit(1)``: no cleanup, no shutdown,
+  like a segfaulting C extension or the OOM killer). ``{"after_ms": int}`` waits
+  first, so that jobs claimed in the same batch finish and are written before the
+  crash; the test is about the poison pill, not about its collateral.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from deadman.model import Job
+from deadman.registry import Registry
+from deadman.worker.context import JobContext
+
+registry = Registry()
+
+
+@registry.handler("poison")
+async def poison(job: Job, ctx: JobContext) -> None:
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    after_ms = int(payload.get("after_ms", 0))
+    if after_ms > 0:
+        await asyncio.sleep(after_ms / 1000)
+    os._exit(1)

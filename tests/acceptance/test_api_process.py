@@ -1,0 +1,162 @@
+"""``deadman serve`` as a real process: jobs submitted with Idempotency-Key while the
+server is stopped (SIGTERM, then SIGKILL) and started again mid-run. Every request
+the client saw acknowledged is in the database exactly once, under the id it was
+given; requests cut off by a restart are retried with their key and create nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.helpers import wait_for
+
+JOBS = 150
+SERVE = [sys.executable, "-m", "deadman", "serve"]
+START_TIMEOUT_S = 30.0
+
+
+def _at_least(acked: dict[str, str], n: int) -> bool:
+    return len(acked) >= n
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One ``deadman serve`` process at a time on a fixed port; logs to a file."""
+
+    def __init__(self, dsn: str, port: int, log: Path) -> None:
+        self.dsn, self.port, self.log = dsn, port, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = dict(os.environ, DEADMAN_LOG_FORMAT="json", DEADMAN_SHUTDOWN_GRACE_S="5")
+        env.pop("DEADMAN_API_TOKEN", None)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [*SERVE, "--port", str(self.port), "--database-url", self.dsn],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(self._healthy, timeout=START_TIMEOUT_S, message="deadman serve to answer")
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"deadman serve exited {self.proc.returncode}: {self.tail()}")
+        try:
+            return httpx.get(self.url + "/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, sig: signal.Signals) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=30)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+@pytest.fixture
+def server(db_dsn: str, tmp_path: Path) -> Iterator[Server]:
+    srv = Server(db_dsn, _free_port(), tmp_path / "serve.log")
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+def test_restarts_lose_nothing_acknowledged(server: Server, db_dsn: str) -> None:
+    server.start()
+    acked: dict[str, str] = {}  # key -> id the client was given
+    retried = 0
+    lock = threading.Lock()
+    done = threading.Event()
+    abort = threading.Event()
+
+    def submit_all() -> None:
+        nonlocal retried
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            for i in range(JOBS):
+                key = f"job-{i}"
+                body = {"type": "noop", "payload": {"i": i}}
+                while not abort.is_set():  # retry with the same key until acknowledged
+                    try:
+                        r = c.post("/jobs", json=body, headers={"Idempotency-Key": key})
+                    except httpx.TransportError:
+                        r = None
+                    if r is not None and r.status_code in (200, 201):
+                        with lock:
+                            acked[key] = r.json()["id"]
+                        break
+                    assert r is None or r.status_code == 503, r.text
+                    retried += 1
+                    abort.wait(0.05)  # back off briefly, as Retry-After asks
+        done.set()
+
+    submitter = threading.Thread(target=submit_all, daemon=True)
+    submitter.start()
+    try:
+        for sig, after in ((signal.SIGTERM, JOBS // 3), (signal.SIGKILL, 2 * JOBS // 3)):
+            wait_for(partial(_at_least, acked, after), timeout=60, message="submissions")
+            code = server.stop(sig)
+            if sig is signal.SIGTERM:
+                # uvicorn finishes the requests in flight, runs the lifespan shutdown
+                # (the pool closes), then re-raises the signal it caught
+                assert code in (0, -signal.SIGTERM), server.tail()
+                assert "Application shutdown complete" in server.tail()
+            server.start()
+        submitter.join(timeout=120)
+        assert done.is_set(), "the submitter did not finish"
+    finally:
+        abort.set()
+        submitter.join(timeout=15)
+
+    assert len(acked) == JOBS
+    assert retried > 0, "no request hit a restart: the test proved nothing"
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute("SELECT idempotency_key, id FROM deadman.jobs").fetchall()
+    stored = {str(k): str(i) for k, i in rows}
+    assert len(rows) == JOBS, "a retried submission was created twice"
+    assert stored == acked, "an acknowledged job is missing or has another id"
+    # after the restarts, every key still replays to the job it made
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        for key in ("job-0", f"job-{JOBS // 2}", f"job-{JOBS - 1}"):
+            i = int(key.split("-")[1])
+            r = c.post(
+                "/jobs",
+                json={"type": "noop", "payload": {"i": i}},
+                headers={"Idempotency-Key": key},
+            )
+            assert (r.status_code, r.json()["id"]) == (200, acked[key])
+    assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)

@@ -1,0 +1,368 @@
+"""Faults with real processes and real signals: a worker SIGKILLed mid-job, a zombie
+worker (SIGSTOP, lease lost, SIGCONT), failing handlers and their backoff, a poison
+pill that kills every worker touching it, and the standalone rescuer."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from deadman.client import Client
+from deadman.model import Backoff
+from tests.acceptance.conftest import (
+    RESCUE_S,
+    START_TIMEOUT_S,
+    TTL_S,
+    Proc,
+    SpawnRescuer,
+    SpawnWorker,
+    attempts_of,
+    db_now,
+    install_transition_log,
+    job_row,
+    sql_all,
+    sql_value,
+    states_of,
+    transitions,
+    wait_all_state,
+    wait_fleet_ready,
+    wait_held,
+    wait_registered,
+    wait_state,
+    wait_workers,
+)
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.slow
+
+#: From the kill to the second worker's claim: the lease lapses at most TTL after
+#: the victim's last renewal, the rescuer looks every RESCUE_S, and the rescue's
+#: NOTIFY wakes the other worker at once. One second of slack for a loaded machine.
+TAKEOVER_BOUND_S = TTL_S + RESCUE_S + 1.0
+
+
+def holder(dsn: str, job_id: int, workers: dict[str, Proc]) -> tuple[str, Proc, int]:
+    """Wait until one of ``workers`` (by worker id) holds the job; returns (worker id,
+    process, lease token)."""
+
+    def check() -> tuple[str, Proc, int] | None:
+        row = job_row(dsn, job_id)
+        if row["state"] == "running" and row["lease_worker"] in workers:
+            return row["lease_worker"], workers[row["lease_worker"]], row["lease_token"]
+        return None
+
+    return wait_for(check, 10, interval=0.01, message=f"a worker to claim job {job_id}")
+
+
+def effects_of(dsn: str, job_id: int) -> list[dict[str, Any]]:
+    return sql_all(dsn, "SELECT * FROM deadman.effects WHERE job_id = %s ORDER BY id", (job_id,))
+
+
+@pytest.mark.parametrize(
+    ("job_type", "payload"),
+    [("sleep", {"ms": 2000}), ("side-effect", {"sleep_ms": 2000})],
+    ids=["async-sleep", "sync-side-effect"],
+)
+def test_sigkill_mid_job_another_worker_finishes_it(
+    db_dsn: str, spawn_worker: SpawnWorker, job_type: str, payload: dict[str, int]
+) -> None:
+    # Two idle workers; whichever claims the job is the victim, the other must take over.
+    # A 30 s poll: only the rescuer's NOTIFY can wake the survivor in time.
+    procs = [spawn_worker(db_dsn, name=f"w{i}", DEADMAN_POLL_S=30) for i in range(2)]
+    workers = {wait_registered(db_dsn, p.pid): p for p in procs}
+    with Client(db_dsn) as client:
+        job = client.enqueue(job_type, payload)
+    victim_id, victim, victim_token = holder(db_dsn, job.id, workers)
+    (survivor_id,) = set(workers) - {victim_id}
+
+    victim.send(signal.SIGKILL)
+    killed = time.monotonic()
+    killed_db = db_now(db_dsn)
+    assert victim.wait_exit(5) == -signal.SIGKILL
+    # Nobody renews the victim's lease any more: this is when it lapses.
+    expiry = job_row(db_dsn, job.id)["lease_expires_at"]
+
+    survivor_token = wait_held(db_dsn, job.id, survivor_id, timeout=TAKEOVER_BOUND_S + 5)
+    takeover_s = time.monotonic() - killed
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=10)
+    finished_s = time.monotonic() - killed
+
+    lost, won = attempts_of(db_dsn, job.id)
+    assert (lost["outcome"], lost["worker"], lost["lease_token"], lost["attempt"]) == (
+        "lease_expired",
+        victim_id,
+        victim_token,
+        1,
+    )
+    assert (won["outcome"], won["worker"], won["lease_token"], won["attempt"]) == (
+        "succeeded",
+        survivor_id,
+        survivor_token,
+        1,
+    )
+    # Both sides of the threshold: not rescued before the lease lapsed, taken over
+    # within TTL + rescue interval + 1 s of the kill (database clock for the claim).
+    assert lost["finished_at"] >= expiry
+    assert won["started_at"] >= lost["finished_at"]
+    takeover_db_s = (won["started_at"] - killed_db).total_seconds()
+    assert takeover_db_s < TAKEOVER_BOUND_S
+    assert takeover_s < TAKEOVER_BOUND_S + 0.5  # plus our own polling
+    # ... and it then ran its full length once more on the survivor.
+    assert finished_s < TAKEOVER_BOUND_S + 2.0 + 1.0
+    assert (row["attempt"], row["rescues"]) == (1, 1)
+    if job_type == "side-effect":
+        assert [e["lease_token"] for e in effects_of(db_dsn, job.id)] == [survivor_token]
+    print(
+        f"{job_type}: kill -> rescue {(lost['finished_at'] - killed_db).total_seconds():.2f}s, "
+        f"-> survivor claim {takeover_db_s:.2f}s (seen {takeover_s:.2f}s), "
+        f"-> succeeded {finished_s:.2f}s"
+    )
+
+
+def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    zombie = spawn_worker(db_dsn, name="zombie")
+    zombie_id = wait_registered(db_dsn, zombie.pid)
+    with Client(db_dsn) as client:
+        # Sync handler: sleeps 1.5 s in a thread, then writes its effect inside
+        # ctx.transaction(). Frozen mid-sleep, the zombie wakes up with the write to do.
+        job = client.enqueue("side-effect", {"sleep_ms": 1500})
+    zombie_token = wait_held(db_dsn, job.id, zombie_id)
+    zombie.send(signal.SIGSTOP)
+    stopped = time.monotonic()
+
+    # Started after the freeze, so only a rescue can hand it the job.
+    other = spawn_worker(db_dsn, name="other")
+    other_id = wait_registered(db_dsn, other.pid)
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=TAKEOVER_BOUND_S + 10)
+    print(f"zombie: job finished by the other worker {time.monotonic() - stopped:.2f}s after STOP")
+    (effect,) = effects_of(db_dsn, job.id)
+    lost, won = attempts_of(db_dsn, job.id)
+    assert (lost["outcome"], lost["worker"], lost["lease_token"]) == (
+        "lease_expired",
+        zombie_id,
+        zombie_token,
+    )
+    assert (won["outcome"], won["worker"]) == ("succeeded", other_id)
+    assert effect["lease_token"] == won["lease_token"]
+
+    zombie.send(signal.SIGCONT)
+    resumed = time.monotonic()
+    # Its handler thread wakes up and tries to commit effect + completion: refused.
+    refusal = wait_for(
+        lambda: (
+            sql_all(
+                db_dsn,
+                "SELECT * FROM deadman.lease_refusals WHERE job_id = %s AND worker = %s"
+                " AND action = 'transaction'",
+                (job.id, zombie_id),
+            )
+            or None
+        ),
+        10,
+        message="the zombie's transaction to be refused and recorded",
+    )
+    print(f"zombie: late write refused {time.monotonic() - resumed:.2f}s after CONT")
+    assert [r["lease_token"] for r in refusal] == [zombie_token]
+    refusals = sql_all(
+        db_dsn, "SELECT action, lease_token, worker FROM deadman.lease_refusals ORDER BY id"
+    )
+    assert all(r["lease_token"] == zombie_token and r["worker"] == zombie_id for r in refusals)
+    assert {r["action"] for r in refusals} <= {"transaction", "heartbeat", "finish"}
+    # The thread's write is always refused. Whether the heartbeat also logs lease_lost
+    # depends on which of the two runs first after SIGCONT (a heartbeat that finds the
+    # completion already in flight leaves the verdict to it), so it is not asserted.
+    zombie.wait_event("stale_write_refused", 5, job_id=job.id, action="transaction")
+    events = sorted({e["event"] for e in zombie.events() if e.get("job_id") == job.id})
+    print(f"zombie: its log for the job: {events}, refusals {[r['action'] for r in refusals]}")
+
+    # Exactly one effect, the other worker's; the job stays succeeded; no extra attempt.
+    assert [e["lease_token"] for e in effects_of(db_dsn, job.id)] == [won["lease_token"]]
+    assert job_row(db_dsn, job.id)["state"] == "succeeded"
+    assert job_row(db_dsn, job.id)["finished_at"] == row["finished_at"]
+    assert len(attempts_of(db_dsn, job.id)) == 2
+
+    # The zombie recovered: it still works and shuts down cleanly.
+    with Client(db_dsn) as client:
+        ids = [client.enqueue("side-effect").id for _ in range(10)]
+    wait_all_state(db_dsn, ids, "succeeded", timeout=10)
+    zombie.send(signal.SIGTERM)
+    assert zombie.wait_exit(10) == 0
+
+
+def test_fixed_backoff_gaps_then_dead(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    message = f"kaboom-{uuid.uuid4().hex[:8]}"
+    worker = spawn_worker(db_dsn)
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        job = client.enqueue(
+            "fail",
+            {"message": message},
+            max_attempts=3,
+            backoff=Backoff(strategy="fixed", base_ms=500, jitter="none"),
+        )
+    row = wait_state(db_dsn, job.id, "dead", timeout=15)
+    attempts = attempts_of(db_dsn, job.id)
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "failed"),
+    ]
+    assert all(message in a["error"] for a in attempts)
+    assert message in row["last_error"]
+    assert row["attempt"] == 3
+    gaps = [
+        (b["started_at"] - a["finished_at"]).total_seconds()
+        for a, b in itertools.pairwise(attempts)
+    ]
+    print(f"fixed 500 ms backoff: gaps {[f'{g:.3f}s' for g in gaps]}")
+    assert all(0.5 <= g < 0.5 + 1.5 for g in gaps), gaps
+
+
+def test_exponential_full_jitter_never_exceeds_ceiling(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    install_transition_log(db_dsn)
+    backoff = Backoff(strategy="exponential", base_ms=200, max_ms=800, jitter="full")
+    worker = spawn_worker(db_dsn)
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        ids = client.enqueue_many(
+            client.job("fail", max_attempts=5, backoff=backoff) for _ in range(10)
+        )
+    wait_all_state(db_dsn, ids, "dead", timeout=20)
+
+    delays = [t for t in transitions(db_dsn) if t["new_state"] == "retrying"]
+    assert len(delays) == 10 * 4
+    ratios = []
+    for d in delays:
+        ceiling = backoff.ceiling_ms(d["attempt"]) / 1000
+        assert 0 <= d["delay_s"] <= ceiling, d
+        ratios.append(d["delay_s"] / ceiling)
+    # Jitter is really applied: full jitter is uniform over [0, ceiling].
+    assert min(ratios) < 0.5 < max(ratios), ratios
+    # And the worker honoured each delay: never early, late by at most a poll interval.
+    by_job = {(d["job_id"], d["attempt"]): d["delay_s"] for d in delays}
+    for job_id in ids:
+        attempts = attempts_of(db_dsn, job_id)
+        assert [a["outcome"] for a in attempts] == ["failed"] * 5
+        for a, b in itertools.pairwise(attempts):
+            gap = (b["started_at"] - a["finished_at"]).total_seconds()
+            delay = by_job[(job_id, a["attempt"])]
+            assert delay <= gap < backoff.ceiling_ms(a["attempt"]) / 1000 + 1.0
+    print(
+        f"full jitter: {len(ratios)} delays, "
+        f"delay/ceiling in [{min(ratios):.2f}, {max(ratios):.2f}]"
+    )
+
+
+def test_poison_pill_goes_dead_and_other_jobs_keep_flowing(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    fleet = spawn_worker(db_dsn, processes=2, concurrency=4, DEADMAN_MAX_RESCUES=2)
+    wait_workers(db_dsn, 2)
+    with Client(db_dsn) as client:
+        # after_ms: the jobs claimed in the same batch finish before the crash.
+        jobs = [client.job("noop") for _ in range(200)]
+        jobs.insert(100, client.job("poison", {"after_ms": 200}))
+        ids = client.enqueue_many(jobs)
+    poison_id = ids.pop(100)
+
+    started = time.monotonic()
+    row = wait_state(db_dsn, poison_id, "dead", timeout=60)
+    print(f"poison pill dead after {time.monotonic() - started:.1f}s")
+    assert row["rescues"] == 3
+    assert "lease expired 3 times" in row["last_error"]
+    assert [a["outcome"] for a in attempts_of(db_dsn, poison_id)] == ["lease_expired"] * 3
+    crashes = fleet.events("fleet_child_exited")
+    assert [c["code"] for c in crashes] == [1, 1, 1]
+
+    wait_all_state(db_dsn, ids, "succeeded", timeout=20)
+    last_noop = sql_value(
+        db_dsn, "SELECT max(finished_at) FROM deadman.jobs WHERE id = ANY(%s)", (ids,)
+    )
+    assert last_noop < row["finished_at"], "the noops waited for the poison pill"
+    assert states_of(db_dsn, ids) == {"succeeded": 200}
+
+    wait_fleet_ready(db_dsn, fleet, 2)  # a crashed child may still be restarting
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait_exit(15) == 0
+
+
+def test_standalone_rescuer(
+    db_dsn: str, spawn_worker: SpawnWorker, spawn_rescuer: SpawnRescuer
+) -> None:
+    # A 30 s poll: the standalone rescuer's NOTIFY must wake the survivor.
+    procs = [
+        spawn_worker(db_dsn, no_rescuer=True, name=f"w{i}", DEADMAN_POLL_S=30) for i in range(2)
+    ]
+    workers = {wait_registered(db_dsn, p.pid): p for p in procs}
+    with Client(db_dsn) as client:
+        job = client.enqueue("sleep", {"ms": 1000})
+    victim_id, victim, victim_token = holder(db_dsn, job.id, workers)
+    (survivor_id,) = set(workers) - {victim_id}
+    victim.send(signal.SIGKILL)
+    assert victim.wait_exit(5) == -signal.SIGKILL
+    expiry = job_row(db_dsn, job.id)["lease_expires_at"]
+
+    # No rescuer runs anywhere: well past its expiry the job is still the victim's.
+    wait_for(
+        lambda: sql_value(
+            db_dsn, "SELECT now() > %s + %s * interval '1 second'", (expiry, 4 * RESCUE_S)
+        ),
+        TTL_S + 10,
+        interval=0.05,
+        message="the lease to be long expired",
+    )
+    row = job_row(db_dsn, job.id)
+    assert (row["state"], row["lease_token"]) == ("running", victim_token)
+
+    rescuer = spawn_rescuer(db_dsn)
+    spawned = time.monotonic()
+    wait_held(db_dsn, job.id, survivor_id, timeout=START_TIMEOUT_S)
+    handed_s = time.monotonic() - spawned
+    print(f"standalone rescuer: job handed on {handed_s:.2f}s after spawn")
+    lost = attempts_of(db_dsn, job.id)[0]
+    # Claimed right after the rescue (NOTIFY), not at the survivor's next poll.
+    claimed = job_row(db_dsn, job.id)["started_at"]
+    assert (claimed - lost["finished_at"]).total_seconds() < 1.0
+    wait_state(db_dsn, job.id, "succeeded", timeout=10)
+    assert [(a["outcome"], a["worker"]) for a in attempts_of(db_dsn, job.id)] == [
+        ("lease_expired", victim_id),
+        ("succeeded", survivor_id),
+    ]
+    rescuer.send(signal.SIGTERM)
+    assert rescuer.wait_exit(10) == 0
+
+
+def test_poison_pill_does_not_take_its_batch_mates_to_dead(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    fleet = spawn_worker(db_dsn, processes=2, concurrency=4, DEADMAN_MAX_RESCUES=2)
+    wait_workers(db_dsn, 2)
+    with Client(db_dsn) as client:
+        # Crashes at once: the noops claimed in its batch die with it, every time.
+        ids = client.enqueue_many([client.job("poison"), *(client.job("noop") for _ in range(50))])
+    poison_id, noops = ids[0], ids[1:]
+    wait_state(db_dsn, poison_id, "dead", timeout=60)
+    wait_for(
+        lambda: (
+            "running" not in states_of(db_dsn, noops) and "queued" not in states_of(db_dsn, noops)
+        ),
+        30,
+        message="every noop to finish",
+    )
+    dead = sql_all(
+        db_dsn,
+        "SELECT id, rescues, last_error FROM deadman.jobs WHERE id = ANY(%s) AND state = 'dead'",
+        (noops,),
+    )
+    print(f"poison batch-mates sent to dead: {[(d['id'], d['rescues']) for d in dead]}")
+    assert dead == []
+    wait_fleet_ready(db_dsn, fleet, 2)  # a crashed child may still be restarting
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait_exit(15) == 0

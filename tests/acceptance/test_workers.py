@@ -1,0 +1,195 @@
+"""Real worker processes doing normal work: racing claimers, ordering, scheduling,
+wake-ups and the fleet supervisor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+
+from deadman.client import Client
+from tests.acceptance.conftest import (
+    SpawnWorker,
+    attempts_of,
+    parent_pid,
+    pid_alive,
+    sql_all,
+    sql_value,
+    states_of,
+    wait_all_state,
+    wait_registered,
+    wait_state,
+    wait_workers,
+    worker_rows,
+)
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("job_type", "count", "payload"),
+    [("noop", 10_000, None), ("side-effect", 2_000, {"sleep_ms": 0})],
+    ids=["noop", "side-effect"],
+)
+def test_eight_processes_race_every_job_runs_exactly_once(
+    db_dsn: str, spawn_worker: SpawnWorker, job_type: str, count: int, payload: object
+) -> None:
+    # Eight separate processes, all idle and listening, then every job at once in one
+    # COPY: one NOTIFY wakes all eight and they claim from the same rows together.
+    workers = [spawn_worker(db_dsn, concurrency=8) for _ in range(8)]
+    for w in workers:
+        wait_registered(db_dsn, w.pid)
+    with Client(db_dsn) as client:
+        ids = client.enqueue_many(client.job(job_type, payload) for _ in range(count))
+    assert len(ids) == count
+    started = time.monotonic()
+    wait_all_state(db_dsn, ids, "succeeded", timeout=60)
+    elapsed = time.monotonic() - started
+
+    assert states_of(db_dsn, ids) == {"succeeded": count}
+    assert sql_value(db_dsn, "SELECT count(*) FROM deadman.jobs") == count
+    # Exactly one attempt per job, the first, and it succeeded: no job ran twice.
+    per_job = sql_all(
+        db_dsn,
+        "SELECT j.id, count(a.*) AS n, min(a.attempt) AS lo, max(a.attempt) AS hi,"
+        " bool_and(a.outcome = 'succeeded') AS ok"
+        " FROM deadman.jobs j LEFT JOIN deadman.attempts a ON a.job_id = j.id"
+        " GROUP BY j.id HAVING count(a.*) <> 1 OR min(a.attempt) <> 1"
+        " OR max(a.attempt) <> 1 OR NOT bool_and(a.outcome = 'succeeded')",
+    )
+    assert per_job == []
+    assert sql_value(db_dsn, "SELECT count(*) FROM deadman.attempts") == count
+    assert sql_value(db_dsn, "SELECT count(*) FROM deadman.jobs WHERE attempt <> 1") == 0
+    assert sql_value(db_dsn, "SELECT count(*) FROM deadman.lease_refusals") == 0
+    if job_type == "side-effect":
+        # One effect per job, written under the token of the attempt that succeeded.
+        bad = sql_all(
+            db_dsn,
+            "SELECT j.id, count(e.*) AS n FROM deadman.jobs j"
+            " LEFT JOIN deadman.effects e ON e.job_id = j.id"
+            " LEFT JOIN deadman.attempts a ON a.job_id = j.id AND a.lease_token = e.lease_token"
+            " GROUP BY j.id HAVING count(e.*) <> 1 OR count(a.*) <> 1",
+        )
+        assert bad == []
+        assert sql_value(db_dsn, "SELECT count(*) FROM deadman.effects") == count
+    # Racing claimers and batched completions never deadlocked or crashed a task.
+    for w in workers:
+        assert w.poll() is None
+        bad = [e for e in w.events() if e.get("level") in ("error", "critical")]
+        assert bad == [], bad
+    # They really raced: the work is spread over the processes.
+    by_worker = sql_all(
+        db_dsn, "SELECT worker, count(*) AS n FROM deadman.attempts GROUP BY worker"
+    )
+    assert len(by_worker) >= 4, by_worker
+    print(
+        f"{count} {job_type} jobs on 8 processes: {elapsed:.2f}s "
+        f"({count / elapsed:.0f}/s), per worker {sorted(r['n'] for r in by_worker)}"
+    )
+
+
+def test_strict_priority_then_fifo(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    priorities = [0, 10, -5, 100, 0, -5, 10, 100, 0, 10, -5, 100]
+    with Client(db_dsn) as client:
+        # One transaction each, so run_at (and id) grow in submission order.
+        ids = [client.enqueue("noop", {"n": i}, priority=p).id for i, p in enumerate(priorities)]
+    expected = [ids[i] for i in sorted(range(len(ids)), key=lambda i: (-priorities[i], i))]
+
+    worker = spawn_worker(db_dsn, concurrency=1)
+    wait_all_state(db_dsn, ids, "succeeded", timeout=20)
+
+    by_start = sql_all(
+        db_dsn, "SELECT job_id FROM deadman.attempts ORDER BY started_at, lease_token"
+    )
+    by_token = sql_all(db_dsn, "SELECT job_id FROM deadman.attempts ORDER BY lease_token")
+    assert [r["job_id"] for r in by_start] == expected
+    assert [r["job_id"] for r in by_token] == expected
+    assert worker.poll() is None
+
+
+def test_delayed_job_starts_on_time_not_before(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    # A 30 s poll: only the producer's "sleep until the next run_at" can start it in time.
+    worker = spawn_worker(db_dsn, DEADMAN_POLL_S=30)
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        job = client.enqueue("noop", delay=timedelta(seconds=2))
+    assert job.state.value == "scheduled"
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=10)
+    (attempt,) = attempts_of(db_dsn, job.id)
+    late = (attempt["started_at"] - row["run_at"]).total_seconds()
+    print(f"delayed job: started {late * 1000:.0f} ms after run_at")
+    assert (row["run_at"] - row["created_at"]).total_seconds() == pytest.approx(2.0, abs=0.01)
+    assert late >= 0, "started before its run_at"
+    assert late < 1.0
+
+
+def test_notify_wakes_an_idle_worker(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    # A 30 s poll: a start within 1 s can only come from LISTEN/NOTIFY.
+    worker = spawn_worker(db_dsn, DEADMAN_POLL_S=30)
+    wait_registered(db_dsn, worker.pid)
+    latencies = []
+    with Client(db_dsn) as client:
+        # The listener's first act on connecting is one wake-up (for anything enqueued
+        # before its LISTEN), which could explain one quick start, never four. Each job
+        # is enqueued after the previous one finished, when the producer has gone back
+        # to its 30 s sleep.
+        for _ in range(4):
+            job = client.enqueue("noop")
+            row = wait_state(db_dsn, job.id, "succeeded", timeout=10)
+            latencies.append((row["started_at"] - row["created_at"]).total_seconds())
+    print(f"NOTIFY start latencies: {[f'{x * 1000:.0f} ms' for x in latencies]}")
+    assert max(latencies) < 1.0
+
+
+def test_fleet_restarts_a_killed_child_and_stops_on_sigterm(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    fleet = spawn_worker(db_dsn, processes=3, concurrency=2)
+    rows = wait_workers(db_dsn, 3)
+    pids = {r["pid"] for r in rows}
+    assert len(pids) == 3
+    assert all(parent_pid(p) == fleet.pid for p in pids), "workers are the fleet's children"
+
+    victim = sorted(pids)[0]
+    old_ids = {r["id"] for r in rows}
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    new = wait_for(
+        lambda: [r for r in worker_rows(db_dsn) if r["id"] not in old_ids] or None,
+        15,
+        message="a restarted child to register",
+    )
+    restart_s = time.monotonic() - killed_at
+    (replacement,) = new
+    assert replacement["pid"] not in pids
+    assert parent_pid(replacement["pid"]) == fleet.pid
+    assert not pid_alive(victim)
+    fleet.wait_event("fleet_child_exited", 5, pid=victim, code=-signal.SIGKILL)
+    print(f"fleet: killed child re-registered after {restart_s:.2f}s")
+
+    # The restarted fleet still works.
+    with Client(db_dsn) as client:
+        ids = [client.enqueue("noop").id for _ in range(20)]
+    wait_all_state(db_dsn, ids, "succeeded", timeout=15)
+
+    live = (pids - {victim}) | {replacement["pid"]}
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait_exit(15) == 0
+    assert not any(pid_alive(p) for p in live), "a child outlived its supervisor"
+    # Every live child deregistered; only the SIGKILLed one's row is left (for the
+    # rescuer's stale-worker pruning).
+    assert [r["pid"] for r in worker_rows(db_dsn)] == [victim]
+
+
+def test_fleet_stopped_during_child_startup_exits_0(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    # The same happens to a child the fleet has just restarted after a crash.
+    fleet = spawn_worker(db_dsn, processes=2)
+    fleet.wait_event("fleet_child_started", 10, index=1)
+    fleet.send(signal.SIGTERM)
+    code = fleet.wait_exit(15)
+    print(f"fleet stopped during child start-up: exit {code}")
+    assert code == 0
