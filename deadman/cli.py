@@ -152,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) or None,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
     return 0
 

@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -94,7 +94,7 @@ class NewJob:
             "payload": self.payload,
             "queue": self.queue,
             "priority": self.priority,
-            "run_at": self.run_at.isoformat() if self.run_at else None,
+            "run_at": self.run_at.astimezone(UTC).isoformat() if self.run_at else None,
             "delay_ms": self.delay_ms,
             "max_attempts": self.max_attempts,
             "backoff": self.backoff.to_json(),
@@ -329,7 +329,9 @@ class AsyncStore:
             kwargs={"autocommit": True, "row_factory": dict_row},
             open=False,
             timeout=10.0,
-            reconnect_timeout=0,  # keep trying to reconnect for as long as we live
+            # psycopg_pool gives up reconnecting after this long (0 would mean: at
+            # once); a worker must outlive any database outage, so: a year.
+            reconnect_timeout=365 * 24 * 3600.0,
             name="deadman",
         )
         return cls(pool, retry_s=retry_s)
@@ -358,7 +360,13 @@ class AsyncStore:
     # -- enqueue and read ----------------------------------------------------------
 
     async def job_insert(self, job: NewJob, default_max_attempts: int) -> Job | None:
-        rows = await self._all("job_insert", job.params(default_max_attempts, job.request_hash()))
+        # Without an idempotency key a retry after a lost COMMIT acknowledgement would
+        # insert the job twice, so only keyed inserts are retried.
+        rows = await self._all(
+            "job_insert",
+            job.params(default_max_attempts, job.request_hash()),
+            retry_s=None if job.idempotency_key else 0,
+        )
         return Job.from_row(rows[0]) if rows else None
 
     async def job_get(self, job_id: int) -> Job | None:

@@ -44,6 +44,7 @@ class Server:
     def __init__(self, dsn: str, port: int, log: Path) -> None:
         self.dsn, self.port, self.log = dsn, port, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last = ""  # the last answer to a readiness probe, for failure messages
 
     @property
     def url(self) -> str:
@@ -60,16 +61,22 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for(self._healthy, timeout=START_TIMEOUT_S, message="deadman serve to answer")
+        try:
+            wait_for(self._healthy, timeout=START_TIMEOUT_S, message="deadman serve to answer")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last answer: {self.last}; log: {self.tail()}") from None
 
     def _healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"deadman serve exited {self.proc.returncode}: {self.tail()}")
         try:
-            return httpx.get(self.url + "/ready", timeout=2).status_code == 200
-        except httpx.HTTPError:
+            r = httpx.get(self.url + "/ready", timeout=2)
+        except httpx.HTTPError as exc:
+            self.last = repr(exc)
             return False
+        self.last = f"{r.status_code} {r.text}"
+        return r.status_code == 200
 
     def stop(self, sig: signal.Signals) -> int:
         assert self.proc is not None

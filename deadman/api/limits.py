@@ -1,0 +1,98 @@
+"""The limits on what clients may send: the body size, and the depth of a queue.
+
+Body size (``DEADMAN_MAX_PAYLOAD_BYTES``): refused with 413 *without reading the
+body*. A declared ``Content-Length`` over the limit is answered before the first
+byte of the body is read (and, with ``Expect: 100-continue``, before the client
+sends it); a chunked body is counted as it streams in and refused at the first byte
+over the limit. Nothing ever buffers more than the limit.
+
+Queue depth (``DEADMAN_MAX_QUEUE_DEPTH``): a queue holding that many waiting jobs
+answers 429 with ``Retry-After``. The count stops at the cap, so it costs the same
+for a queue of a thousand or a billion. It is checked before the insert, not under
+a lock: concurrent submissions can overshoot the cap by a few. That is a deliberate
+trade (a lock would serialise every submission to the queue); the cap is a brake
+against runaway producers, not an accounting limit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from deadman.api.idempotency import find_replay
+from deadman.api.problems import RETRY_AFTER_QUEUE_FULL_S, Problem
+from deadman.store import AsyncStore, NewJob
+
+
+class _TooLarge(Exception):
+    """Raised out of ``receive`` to unwind the app; the middleware answers 413."""
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem("content-too-large", f"the request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware refusing request bodies over ``limit`` bytes with 413."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > self.limit:
+            await _too_large(self.limit).send(send)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if started:  # pragma: no cover - routes read their body before answering
+                raise
+            await _too_large(self.limit).send(send)
+
+
+async def check_queue_depth(store: AsyncStore, cap: int | None, jobs: Sequence[NewJob]) -> None:
+    """429 if adding ``jobs`` would take any of their queues past ``cap``.
+
+    A lone keyed request that would be refused is first checked for being a replay:
+    a client retrying a submission that was already accepted gets its job back, not
+    a 429 for a job that exists.
+    """
+    if cap is None:
+        return
+    for queue, adding in sorted(Counter(j.queue for j in jobs).items()):
+        depth = await store.queue_depth_get(queue, cap)
+        if depth + adding <= cap:
+            continue
+        if len(jobs) == 1 and await find_replay(store, jobs[0]) is not None:
+            return
+        raise Problem(
+            "queue-full",
+            f"queue {queue!r} holds {depth} waiting jobs, its cap is {cap}; retry later",
+            headers={"Retry-After": str(RETRY_AFTER_QUEUE_FULL_S)},
+        )

@@ -1,0 +1,768 @@
+"""The OpenAPI 3.1 document of the API, written by hand and served at /openapi.json.
+
+By hand, because the contract is the product: clients are written against it, so
+every field, bound, status code and header here is deliberate, and the
+schemathesis test checks the server against it (no 5xx, no response that breaks
+it). Bounds come from schema.py's constants so the two cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from deadman.api import schema
+from deadman.api.problems import KINDS, TYPE_PREFIX
+from deadman.config import Settings
+from deadman.model import AttemptOutcome, JobState
+from deadman.store import MAX_DELAY_MS, MAX_TIMEOUT_MS
+
+NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
+ID_PATTERN = "^[1-9][0-9]{0,18}$"
+KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,255}$"
+HEADER_KEY_PATTERN = "^[\\x21-\\x7e]([\\x20-\\x7e]{0,253}[\\x21-\\x7e])?$"
+STATES = [s.value for s in JobState]
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema_: dict[str, Any], description: str, **headers: Any) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": schema_}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _responses(*names: str) -> dict[str, Any]:
+    """Shared error responses by status code (components/responses)."""
+    codes = {
+        "MalformedJson": "400",
+        "Unauthorized": "401",
+        "NotFound": "404",
+        "Conflict": "409",
+        "ContentTooLarge": "413",
+        "UnsupportedMediaType": "415",
+        "Unprocessable": "422",
+        "QueueFull": "429",
+        "Unavailable": "503",
+    }
+    return {codes[n]: {"$ref": f"#/components/responses/{n}"} for n in names}
+
+
+_DATETIME = {"type": "string", "format": "date-time"}
+_DATETIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+_NAME = {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 128}
+_COUNT = {"type": "integer", "minimum": 0}
+
+
+def _new_job_properties() -> dict[str, Any]:
+    return {
+        "type": {**_NAME, "description": "The handler to run: 1-128 of [A-Za-z0-9_.:-]."},
+        "payload": {"description": "Any JSON; the handler's input. Default null."},
+        "queue": {**_NAME, "default": "default"},
+        "priority": {
+            "type": "integer",
+            "minimum": -100,
+            "maximum": 100,
+            "default": 0,
+            "description": "Higher runs first.",
+        },
+        "max_attempts": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": schema.MAX_ATTEMPTS,
+            "description": "Default: the server's DEADMAN_MAX_ATTEMPTS.",
+        },
+        "backoff": _ref("Backoff"),
+        "run_at": {
+            **_DATETIME,
+            "description": "RFC 3339 with an offset (Z or +hh:mm). Not with delay_ms. "
+            "Between 0001-01-02 and 9999-12-30.",
+        },
+        "delay_ms": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_DELAY_MS,
+            "description": "Run this many milliseconds from now. Not with run_at.",
+        },
+        "timeout_ms": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_TIMEOUT_MS,
+            "description": "Cancel an attempt that runs longer.",
+        },
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    not_both = {"not": {"required": ["run_at", "delay_ms"]}}
+    counts = {
+        "type": "object",
+        "description": "Number of jobs in each state; every state is present.",
+        "properties": {s: _COUNT for s in STATES},
+        "required": STATES,
+        "additionalProperties": False,
+    }
+    return {
+        "Problem": {
+            "type": "object",
+            "description": "RFC 9457 problem details. Dispatch on `type`: "
+            + ", ".join(f"`{TYPE_PREFIX}{k}` ({v[0]})" for k, v in KINDS.items())
+            + ". 422s list every broken field in `errors`.",
+            "properties": {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string"},
+                "errors": {"type": "array", "items": _ref("FieldError")},
+            },
+            "required": ["type", "title", "status", "detail"],
+        },
+        "FieldError": {
+            "type": "object",
+            "properties": {
+                "field": {
+                    "type": "string",
+                    "description": "e.g. `priority`, `backoff.base_ms`, `jobs[3].type`, "
+                    "`payload.items[2]`, `Idempotency-Key`; `body` for the body as a whole.",
+                },
+                "message": {"type": "string"},
+            },
+            "required": ["field", "message"],
+        },
+        "Backoff": {
+            "type": "object",
+            "description": "Delay after a failed attempt. exponential: base_ms * 2^(attempt-1) "
+            "capped at max_ms; fixed: base_ms. full jitter: uniform in [0, delay].",
+            "properties": {
+                "strategy": {"enum": ["exponential", "fixed"], "default": "exponential"},
+                "base_ms": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": schema.MAX_BACKOFF_MS,
+                    "default": 1000,
+                },
+                "max_ms": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": schema.MAX_BACKOFF_MS,
+                    "description": "At least base_ms. Default: the larger of 300000 and base_ms.",
+                },
+                "jitter": {"enum": ["full", "none"], "default": "full"},
+            },
+            "additionalProperties": False,
+        },
+        "NewJob": {
+            "type": "object",
+            "properties": _new_job_properties(),
+            "required": ["type"],
+            "additionalProperties": False,
+            **not_both,
+        },
+        "BatchJob": {
+            "type": "object",
+            "properties": {
+                **_new_job_properties(),
+                "idempotency_key": {
+                    "type": "string",
+                    "pattern": KEY_PATTERN,
+                    "minLength": 1,
+                    "maxLength": schema.MAX_KEY_LEN,
+                    "description": "Like the Idempotency-Key header of POST /jobs; unique "
+                    "within the batch.",
+                },
+            },
+            "required": ["type"],
+            "additionalProperties": False,
+            **not_both,
+        },
+        "Batch": {
+            "type": "object",
+            "properties": {
+                "jobs": {
+                    "type": "array",
+                    "items": _ref("BatchJob"),
+                    "minItems": 1,
+                    "maxItems": schema.MAX_BATCH,
+                }
+            },
+            "required": ["jobs"],
+            "additionalProperties": False,
+        },
+        "Lease": {
+            "type": "object",
+            "description": "Present while the job is running.",
+            "properties": {
+                "worker": {"type": "string"},
+                "token": {
+                    "type": "string",
+                    "pattern": "^[0-9]+$",
+                    "description": "The fencing token (a bigint, as a string).",
+                },
+                "expires_at": _DATETIME,
+            },
+            "required": ["worker", "token", "expires_at"],
+            "additionalProperties": False,
+        },
+        "Job": {
+            "type": "object",
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "pattern": ID_PATTERN,
+                    "description": "A bigint, as a string (JavaScript loses precision above 2^53).",
+                },
+                "type": {"type": "string"},
+                "queue": {"type": "string"},
+                "priority": {"type": "integer"},
+                "payload": {},
+                "state": {"enum": STATES},
+                "attempt": {"type": "integer", "minimum": 0},
+                "max_attempts": {"type": "integer", "minimum": 1},
+                "run_at": _DATETIME,
+                "created_at": _DATETIME,
+                "started_at": _DATETIME_OR_NULL,
+                "finished_at": _DATETIME_OR_NULL,
+                "last_error": {"type": ["string", "null"]},
+                "idempotency_key": {"type": ["string", "null"]},
+                "lease": {"anyOf": [{"type": "null"}, _ref("Lease")]},
+                "result": {"description": "What the handler returned (any JSON), or null."},
+            },
+            "required": [
+                "id",
+                "type",
+                "queue",
+                "priority",
+                "payload",
+                "state",
+                "attempt",
+                "max_attempts",
+                "run_at",
+                "created_at",
+                "started_at",
+                "finished_at",
+                "last_error",
+                "idempotency_key",
+                "lease",
+                "result",
+            ],
+            "additionalProperties": False,
+        },
+        "JobPage": {
+            "type": "object",
+            "properties": {
+                "jobs": {"type": "array", "items": _ref("Job")},
+                "next_cursor": {
+                    "type": ["string", "null"],
+                    "description": "Pass as `cursor` for the next (older) page; null on the last.",
+                },
+            },
+            "required": ["jobs", "next_cursor"],
+            "additionalProperties": False,
+        },
+        "Jobs": {
+            "type": "object",
+            "properties": {"jobs": {"type": "array", "items": _ref("Job")}},
+            "required": ["jobs"],
+            "additionalProperties": False,
+        },
+        "Attempt": {
+            "type": "object",
+            "properties": {
+                "attempt": {"type": "integer"},
+                "lease_token": {"type": "string", "pattern": "^[0-9]+$"},
+                "worker": {"type": "string"},
+                "started_at": _DATETIME,
+                "finished_at": _DATETIME,
+                "outcome": {"enum": [o.value for o in AttemptOutcome]},
+                "error": {"type": ["string", "null"]},
+            },
+            "required": [
+                "attempt",
+                "lease_token",
+                "worker",
+                "started_at",
+                "finished_at",
+                "outcome",
+                "error",
+            ],
+            "additionalProperties": False,
+        },
+        "Attempts": {
+            "type": "object",
+            "properties": {"attempts": {"type": "array", "items": _ref("Attempt")}},
+            "required": ["attempts"],
+            "additionalProperties": False,
+        },
+        "Counts": counts,
+        "Queue": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "paused": {"type": "boolean"},
+                "counts": _ref("Counts"),
+            },
+            "required": ["name", "paused", "counts"],
+            "additionalProperties": False,
+        },
+        "Queues": {
+            "type": "object",
+            "properties": {"queues": {"type": "array", "items": _ref("Queue")}},
+            "required": ["queues"],
+            "additionalProperties": False,
+        },
+        "Worker": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "hostname": {"type": "string"},
+                "pid": {"type": "integer"},
+                "queues": {"type": "array", "items": {"type": "string"}},
+                "concurrency": {"type": "integer"},
+                "started_at": _DATETIME,
+                "last_heartbeat_at": _DATETIME,
+                "alive": {
+                    "type": "boolean",
+                    "description": "Beat within the lease TTL (DEADMAN_LEASE_TTL_S).",
+                },
+                "jobs_held": {"type": "integer", "minimum": 0},
+            },
+            "required": [
+                "id",
+                "hostname",
+                "pid",
+                "queues",
+                "concurrency",
+                "started_at",
+                "last_heartbeat_at",
+                "alive",
+                "jobs_held",
+            ],
+            "additionalProperties": False,
+        },
+        "Workers": {
+            "type": "object",
+            "properties": {"workers": {"type": "array", "items": _ref("Worker")}},
+            "required": ["workers"],
+            "additionalProperties": False,
+        },
+        "Stats": {
+            "type": "object",
+            "properties": {
+                "jobs": _ref("Counts"),
+                "total": _COUNT,
+                "queues": {"type": "object", "additionalProperties": _ref("Counts")},
+            },
+            "required": ["jobs", "total", "queues"],
+            "additionalProperties": False,
+        },
+    }
+
+
+def _problem(description: str, **headers: Any) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/problem+json": {"schema": _ref("Problem")}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _retry_after(description: str) -> dict[str, Any]:
+    return {"required": True, "description": description, "schema": {"type": "string"}}
+
+
+def _shared_responses(settings: Settings) -> dict[str, Any]:
+    return {
+        "MalformedJson": _problem("The body is not JSON (or is empty, or not UTF-8)."),
+        "Unauthorized": _problem(
+            "DEADMAN_API_TOKEN is set and the request lacks `Authorization: Bearer <token>`.",
+            **{
+                "WWW-Authenticate": {
+                    "required": True,
+                    "schema": {"type": "string"},
+                    "description": "Bearer",
+                }
+            },
+        ),
+        "NotFound": _problem("No such job (malformed ids included), or no such route."),
+        "Conflict": _problem("The job's state does not allow this."),
+        "ContentTooLarge": _problem(
+            f"The body is over DEADMAN_MAX_PAYLOAD_BYTES ({settings.max_payload_bytes} bytes "
+            "here); refused without reading it."
+        ),
+        "UnsupportedMediaType": _problem(
+            "The body is not declared as application/json.",
+            **{"Accept-Post": {"schema": {"type": "string"}}},
+        ),
+        "Unprocessable": _problem(
+            "The request breaks the schema (`errors` names each field; JSON nested deeper "
+            f"than {schema.MAX_DEPTH} levels, \\u0000 and unpaired surrogates included), or "
+            "its Idempotency-Key was already used for a different request "
+            "(type ...:idempotency-key-reused)."
+        ),
+        "QueueFull": _problem(
+            "DEADMAN_MAX_QUEUE_DEPTH is set and the queue holds that many waiting jobs.",
+            **{"Retry-After": _retry_after("Seconds to wait.")},
+        ),
+        "Unavailable": _problem(
+            "The database is unreachable, no pooled connection freed up in time, or the "
+            "server is starting/stopping. Transient.",
+            **{"Retry-After": _retry_after("Seconds to wait.")},
+        ),
+    }
+
+
+def _job_id_param() -> dict[str, Any]:
+    return {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "description": "A job id. Malformed and unknown ids are both 404.",
+        "schema": {"type": "string", "pattern": ID_PATTERN},
+    }
+
+
+def _queue_name_param() -> dict[str, Any]:
+    return {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": NAME_PATTERN},
+    }
+
+
+def _paths() -> dict[str, Any]:
+    job = _ref("Job")
+    location = {"required": True, "schema": {"type": "string"}, "description": "/jobs/{id}"}
+    replayed = {"required": True, "schema": {"const": "true"}}
+    return {
+        "/jobs": {
+            "post": {
+                "operationId": "createJob",
+                "summary": "Submit a job",
+                "description": "201 after the insert committed. With `Idempotency-Key` "
+                '(IETF draft; a structured-field string `"key"` or the bare key): the same '
+                "key and the same request again is 200 with the same job and "
+                "`Idempotent-Replayed: true`; the same key with a different request is 422. "
+                "Concurrent identical requests create one job; every caller gets its id. A "
+                "key lives as long as its job.",
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": "1-255 visible ASCII characters (spaces only "
+                        "inside); the same key with a different request is 422.",
+                        "schema": {
+                            "type": "string",
+                            "pattern": HEADER_KEY_PATTERN,
+                            "minLength": 1,
+                            "maxLength": schema.MAX_KEY_LEN,
+                        },
+                    }
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NewJob")}},
+                },
+                "responses": {
+                    "201": _json(job, "Created.", Location=location),
+                    "200": _json(
+                        job,
+                        "A replay: this key already made this job from the same request.",
+                        Location=location,
+                        **{"Idempotent-Replayed": replayed},
+                    ),
+                    **_responses(
+                        "MalformedJson",
+                        "Unauthorized",
+                        "Conflict",
+                        "ContentTooLarge",
+                        "UnsupportedMediaType",
+                        "Unprocessable",
+                        "QueueFull",
+                        "Unavailable",
+                    ),
+                },
+            },
+            "get": {
+                "operationId": "listJobs",
+                "summary": "List jobs, newest first",
+                "description": "Keyset pagination: pass `next_cursor` back as `cursor`. Each "
+                "filter is served by an index, whatever the table size.",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"enum": STATES}},
+                    {"name": "type", "in": "query", "schema": _NAME},
+                    {"name": "queue", "in": "query", "schema": _NAME},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": schema.LIMIT_MAX,
+                            "default": schema.LIMIT_DEFAULT,
+                        },
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "Opaque: a `next_cursor` from a previous page.",
+                        "schema": {"type": "string", "pattern": ID_PATTERN},
+                    },
+                ],
+                "responses": {
+                    "200": _json(_ref("JobPage"), "A page of jobs."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            },
+        },
+        "/jobs/batch": {
+            "post": {
+                "operationId": "createJobs",
+                "summary": "Submit up to 1000 jobs, all or none",
+                "description": "One transaction. Items may carry `idempotency_key` (the "
+                "Idempotency-Key header is refused here): a replayed item returns its "
+                "existing job; a key used for a different request fails the whole batch "
+                "(422, nothing created). 201 if any job was created; 200 with "
+                "`Idempotent-Replayed: true` if all were replays. With "
+                "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Batch")}},
+                },
+                "responses": {
+                    "201": _json(_ref("Jobs"), "Created (in request order)."),
+                    "200": _json(
+                        _ref("Jobs"),
+                        "Every item was a replay.",
+                        **{"Idempotent-Replayed": replayed},
+                    ),
+                    **_responses(
+                        "MalformedJson",
+                        "Unauthorized",
+                        "Conflict",
+                        "ContentTooLarge",
+                        "UnsupportedMediaType",
+                        "Unprocessable",
+                        "QueueFull",
+                        "Unavailable",
+                    ),
+                },
+            }
+        },
+        "/jobs/{id}": {
+            "get": {
+                "operationId": "getJob",
+                "summary": "One job",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "The job."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/attempts": {
+            "get": {
+                "operationId": "getJobAttempts",
+                "summary": "A job's ended attempts, oldest first",
+                "description": "A running attempt is not listed yet: it is the job's lease.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(_ref("Attempts"), "The history."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/cancel": {
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job",
+                "description": "Not yet running: cancelled at once (200). Running: 202, "
+                "cancellation requested; the worker's next heartbeat tells the handler. "
+                "Already finished: 409.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "Cancelled."),
+                    "202": _json(job, "Running; cancellation requested."),
+                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/retry": {
+            "post": {
+                "operationId": "retryJob",
+                "summary": "Replay a dead or cancelled job",
+                "description": "Back to queued, due now, with a fresh set of attempts; the "
+                "attempt history is kept. Any other state: 409.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "Queued again."),
+                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
+                },
+            }
+        },
+        "/queues": {
+            "get": {
+                "operationId": "listQueues",
+                "summary": "Queues with job counts by state",
+                "description": "Every queue a job names or that was paused/resumed. Counts "
+                "are exact, from an index-only scan: cheap, but proportional to the number "
+                "of job rows (which retention bounds).",
+                "responses": {
+                    "200": _json(_ref("Queues"), "The queues, by name."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/queues/{name}/pause": {
+            "post": {
+                "operationId": "pauseQueue",
+                "summary": "Stop workers claiming from a queue",
+                "description": "Running jobs finish; submissions are still accepted. A "
+                "queue can be paused before it has jobs.",
+                "parameters": [_queue_name_param()],
+                "responses": {
+                    "200": _json(_ref("Queue"), "Paused."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            }
+        },
+        "/queues/{name}/resume": {
+            "post": {
+                "operationId": "resumeQueue",
+                "summary": "Let workers claim from a queue again",
+                "parameters": [_queue_name_param()],
+                "responses": {
+                    "200": _json(_ref("Queue"), "Resumed."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            }
+        },
+        "/workers": {
+            "get": {
+                "operationId": "listWorkers",
+                "summary": "Registered workers, their last heartbeat and jobs held",
+                "responses": {
+                    "200": _json(_ref("Workers"), "The workers, by id."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/stats": {
+            "get": {
+                "operationId": "getStats",
+                "summary": "Job counts by state, in total and per queue",
+                "description": "Exact counts; the same cost note as GET /queues.",
+                "responses": {
+                    "200": _json(_ref("Stats"), "The counts."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "The process is up (no auth, no database)",
+                "security": [],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"status": {"const": "ok"}},
+                            "required": ["status"],
+                        },
+                        "Up.",
+                    )
+                },
+            }
+        },
+        "/ready": {
+            "get": {
+                "operationId": "ready",
+                "summary": "The database answers and its schema is current",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "status": {"const": "ready"},
+                                "schema_version": {"type": "integer"},
+                            },
+                            "required": ["status", "schema_version"],
+                        },
+                        "Ready.",
+                    ),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "description": "This process's metrics, plus `deadman_jobs{queue,state}` "
+                "gauges counted at scrape time (the cost note of GET /queues applies: "
+                "scrape every 15 s or more, not every second) and "
+                "`deadman_api_database_up`. A database outage does not fail the scrape.",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_responses("Unauthorized"),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {
+                    "200": _json({"type": "object"}, "OpenAPI 3.1."),
+                    **_responses("Unauthorized"),
+                },
+            }
+        },
+    }
+
+
+def _version() -> str:
+    try:
+        return version("deadman")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+def document(settings: Settings) -> dict[str, Any]:
+    """The document as this server is configured (auth on or off, the size limit)."""
+    secured = settings.api_token is not None
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Deadman",
+            "version": _version(),
+            "description": "A Postgres-backed job queue. Every error is "
+            "application/problem+json (RFC 9457). Submission is durable when "
+            "acknowledged; execution is at-least-once. "
+            + (
+                "Every endpoint but /health needs `Authorization: Bearer <token>`."
+                if secured
+                else "Authentication is off (DEADMAN_API_TOKEN unset)."
+            ),
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": _schemas(),
+            "responses": _shared_responses(settings),
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearerAuth": []}] if secured else [],
+    }

@@ -1,0 +1,133 @@
+"""The job endpoints: submit (one or a batch), read, list, attempts, cancel, retry."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from deadman.api import schema
+from deadman.api.idempotency import submit, submit_batch
+from deadman.api.limits import check_queue_depth
+from deadman.api.problems import Problem, validation
+from deadman.api.serialize import attempt_json, job_json
+from deadman.api.state import api_state
+from deadman.model import JobState
+
+
+async def create_job(request: Request) -> Response:
+    """201 and the new job, or 200 + ``Idempotent-Replayed`` for a replay.
+
+    201 is sent only after the insert committed (autocommit, synchronous_commit on):
+    an acknowledged job survives any crash that follows.
+    """
+    state = api_state(request)
+    key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
+    new = schema.parse_new_job(await schema.read_json(request), idempotency_key=key)
+    await check_queue_depth(state.store, state.settings.max_queue_depth, [new])
+    done = await submit(state.store, new, state.settings.max_attempts)
+    headers = {"Location": f"/jobs/{done.job.id}"}
+    if done.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(job_json(done.job), 200 if done.replayed else 201, headers=headers)
+
+
+async def create_jobs(request: Request) -> Response:
+    """All jobs in one transaction, or none. 201 if any job was created; 200 with
+    ``Idempotent-Replayed: true`` if every job was a replay (a whole batch resent)."""
+    state = api_state(request)
+    if request.headers.get("idempotency-key") is not None:
+        raise validation(
+            [
+                {
+                    "field": "Idempotency-Key",
+                    "message": "not used on /jobs/batch: give each job an idempotency_key",
+                }
+            ]
+        )
+    jobs = schema.parse_batch(await schema.read_json(request))
+    await check_queue_depth(state.store, state.settings.max_queue_depth, jobs)
+    done = await submit_batch(state.store, jobs, state.settings.max_attempts)
+    replayed = all(d.replayed for d in done)
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    body = {"jobs": [job_json(d.job) for d in done]}
+    return JSONResponse(body, 200 if replayed else 201, headers=headers)
+
+
+async def get_job(request: Request) -> Response:
+    job_id = schema.parse_job_id(request.path_params["id"])
+    job = await api_state(request).store.job_get(job_id)
+    if job is None:
+        raise Problem("not-found", f"no job {job_id}")
+    return JSONResponse(job_json(job))
+
+
+async def get_attempts(request: Request) -> Response:
+    """The ended attempts, oldest first; a running attempt is on the job itself."""
+    store = api_state(request).store
+    job_id = schema.parse_job_id(request.path_params["id"])
+    if await store.job_get(job_id) is None:
+        raise Problem("not-found", f"no job {job_id}")
+    rows = await store.job_attempts(job_id)
+    return JSONResponse({"attempts": [attempt_json(r) for r in rows]})
+
+
+async def list_jobs(request: Request) -> Response:
+    """Newest first. One extra row is fetched to know whether another page exists."""
+    params = schema.parse_list_query(request.query_params)
+    store = api_state(request).store
+    page_plus_one = await store.job_list(replace(params, limit=params.limit + 1))
+    page = page_plus_one[: params.limit]
+    next_cursor = str(page[-1].id) if len(page_plus_one) > params.limit else None
+    return JSONResponse({"jobs": [job_json(j) for j in page], "next_cursor": next_cursor})
+
+
+async def cancel_job(request: Request) -> Response:
+    """200 cancelled at once; 202 running, cancellation requested; 409 finished."""
+    store = api_state(request).store
+    job_id = schema.parse_job_id(request.path_params["id"])
+    job = await store.job_cancel(job_id)
+    if job is None:
+        current = await store.job_get(job_id)
+        if current is None:
+            raise Problem("not-found", f"no job {job_id}")
+        raise Problem(
+            "conflict", f"job {job_id} already finished ({current.state.value}); nothing to cancel"
+        )
+    return JSONResponse(job_json(job), 202 if job.state is JobState.RUNNING else 200)
+
+
+async def retry_job(request: Request) -> Response:
+    """A dead or cancelled job back to queued with a fresh set of attempts; else 409."""
+    store = api_state(request).store
+    job_id = schema.parse_job_id(request.path_params["id"])
+    job = await store.job_retry(job_id)
+    if job is None:
+        current = await store.job_get(job_id)
+        if current is None:
+            raise Problem("not-found", f"no job {job_id}")
+        raise Problem(
+            "conflict",
+            f"job {job_id} is {current.state.value}; only dead or cancelled jobs can be retried",
+        )
+    return JSONResponse(job_json(job))
+
+
+async def jobs(request: Request) -> Response:
+    """One route for both methods of /jobs, so that a 405 there lists both in Allow."""
+    if request.method == "POST":
+        return await create_job(request)
+    return await list_jobs(request)
+
+
+ROUTES = [
+    Route("/jobs", jobs, methods=["GET", "POST"]),
+    # before /jobs/{id}, so that POST /jobs/batch is not taken for a job id
+    Route("/jobs/batch", create_jobs, methods=["POST"]),
+    Route("/jobs/{id}", get_job, methods=["GET"]),
+    Route("/jobs/{id}/attempts", get_attempts, methods=["GET"]),
+    Route("/jobs/{id}/cancel", cancel_job, methods=["POST"]),
+    Route("/jobs/{id}/retry", retry_job, methods=["POST"]),
+]

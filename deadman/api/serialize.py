@@ -1,0 +1,103 @@
+"""Rows and records to the JSON the API promises (the shapes in openapi.py).
+
+Ids and fencing tokens are bigints: they go out as strings, because JavaScript
+clients lose integer precision above 2**53. Timestamps are RFC 3339 in UTC with
+microseconds and a ``Z`` (``2025-01-31T12:00:00.123456Z``), null when not yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from deadman.model import Job, JobState
+
+STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+
+
+def rfc3339(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    # isoformat, not strftime: it pads years below 1000 to four digits as RFC 3339 needs.
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    lease = None
+    if job.lease is not None:
+        lease = {
+            "worker": job.lease.worker,
+            "token": str(job.lease.token),
+            "expires_at": rfc3339(job.lease.expires_at),
+        }
+    return {
+        "id": str(job.id),
+        "type": job.type,
+        "queue": job.queue,
+        "priority": job.priority,
+        "payload": job.payload,
+        "state": job.state.value,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "run_at": rfc3339(job.run_at),
+        "created_at": rfc3339(job.created_at),
+        "started_at": rfc3339(job.started_at),
+        "finished_at": rfc3339(job.finished_at),
+        "last_error": job.last_error,
+        "idempotency_key": job.idempotency_key,
+        "lease": lease,
+        "result": job.result,
+    }
+
+
+def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "attempt": int(row["attempt"]),
+        "lease_token": str(row["lease_token"]),
+        "worker": row["worker"],
+        "started_at": rfc3339(row["started_at"]),
+        "finished_at": rfc3339(row["finished_at"]),
+        "outcome": row["outcome"],
+        "error": row["error"],
+    }
+
+
+def counts_json(counts: Mapping[str, Any] | None) -> dict[str, int]:
+    """Every state present, zero when no job is in it: clients need not guess."""
+    got = counts or {}
+    return {state: int(got.get(state, 0)) for state in STATES}
+
+
+def queue_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "name": row["name"],
+        "paused": bool(row["paused"]),
+        "counts": counts_json(row["counts"]),
+    }
+
+
+def worker_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "hostname": row["hostname"],
+        "pid": int(row["pid"]),
+        "queues": list(row["queues"]),
+        "concurrency": int(row["concurrency"]),
+        "started_at": rfc3339(row["started_at"]),
+        "last_heartbeat_at": rfc3339(row["last_heartbeat_at"]),
+        "alive": bool(row["alive"]),
+        "jobs_held": int(row["jobs_held"]),
+    }
+
+
+def stats_json(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals by state, and the same per queue, from (queue, state, n) rows."""
+    totals: dict[str, int] = dict.fromkeys(STATES, 0)
+    queues: dict[str, dict[str, int]] = {}
+    for row in rows:
+        n = int(row["n"])
+        state = str(row["state"])
+        totals[state] = totals.get(state, 0) + n
+        queues.setdefault(str(row["queue"]), dict.fromkeys(STATES, 0))[state] = n
+    return {"jobs": totals, "total": sum(totals.values()), "queues": queues}

@@ -1,0 +1,121 @@
+"""The operator endpoints: queues (and pausing them), workers, stats, health, ready,
+metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+from deadman.store import ClaimParams
+from tests.factories import connect, insert_job, with_store
+from tests.integration.test_api_support import api_client, error_fields, new_job
+
+STATES = ["waiting", "scheduled", "queued", "running", "retrying", "succeeded", "dead", "cancelled"]
+
+
+def _zero(**counts: int) -> dict[str, int]:
+    return {s: counts.get(s, 0) for s in STATES}
+
+
+def _claim(dsn: str, queue: str) -> int:
+    params = ClaimParams(queue=queue, worker="w", limit=10, ttl_ms=60_000)
+    return len(with_store(dsn, lambda store: store.job_claim(params)))
+
+
+def test_queues_list_counts_and_pause_stops_claims(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        insert_job(conn, state="queued", queue="q1")
+        insert_job(conn, state="queued", queue="q1")
+        insert_job(conn, state="dead", queue="q1")
+        insert_job(conn, state="running", queue="q2")
+    with api_client(db_dsn) as c:
+        # a queue can be paused before its first job
+        early = c.post("/queues/later/pause")
+        assert early.status_code == 200
+        assert early.json() == {"name": "later", "paused": True, "counts": _zero()}
+        body = c.get("/queues").json()
+        assert body == {
+            "queues": [
+                {"name": "later", "paused": True, "counts": _zero()},
+                {"name": "q1", "paused": False, "counts": _zero(queued=2, dead=1)},
+                {"name": "q2", "paused": False, "counts": _zero(running=1)},
+            ]
+        }
+        paused = c.post("/queues/q1/pause").json()
+        assert paused == {"name": "q1", "paused": True, "counts": _zero(queued=2, dead=1)}
+        assert c.post("/queues/q1/pause").status_code == 200  # idempotent
+        assert _claim(db_dsn, "q1") == 0
+        # a paused queue still accepts jobs
+        assert c.post("/jobs", json=new_job(queue="q1")).status_code == 201
+        resumed = c.post("/queues/q1/resume").json()
+        assert resumed["paused"] is False and resumed["counts"]["queued"] == 3
+        assert _claim(db_dsn, "q1") == 3
+        for bad in ("has%20space", "x" * 129, "a;b"):
+            assert error_fields(c.post(f"/queues/{bad}/pause")) == {"name"}
+
+
+def test_workers_show_heartbeat_liveness_and_jobs_held(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        conn.execute(
+            "INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency,"
+            " last_heartbeat_at) VALUES"
+            " ('w-live', 'host-a', 101, '{default,mail}', 8, now()),"
+            " ('w-gone', 'host-b', 102, '{default}', 4, now() - interval '1 hour')"
+        )
+        insert_job(conn, state="running", lease_worker="w-live")
+        insert_job(conn, state="running", lease_worker="w-live")
+        insert_job(conn, state="queued")
+    with api_client(db_dsn, lease_ttl_s=10.0) as c:
+        workers = c.get("/workers").json()["workers"]
+    assert [w["id"] for w in workers] == ["w-gone", "w-live"]
+    gone, live = workers
+    assert (live["alive"], live["jobs_held"], live["queues"]) == (True, 2, ["default", "mail"])
+    assert (live["hostname"], live["pid"], live["concurrency"]) == ("host-a", 101, 8)
+    assert live["last_heartbeat_at"].endswith("Z") and live["started_at"].endswith("Z")
+    assert (gone["alive"], gone["jobs_held"]) == (False, 0)
+
+
+def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        insert_job(conn, state="queued", queue="a")
+        insert_job(conn, state="succeeded", queue="a")
+        insert_job(conn, state="succeeded", queue="b")
+    with api_client(db_dsn) as c:
+        stats = c.get("/stats").json()
+        assert stats == {
+            "jobs": _zero(queued=1, succeeded=2),
+            "total": 3,
+            "queues": {"a": _zero(queued=1, succeeded=1), "b": _zero(succeeded=1)},
+        }
+        assert c.get("/health").json() == {"status": "ok"}
+        ready = c.get("/ready").json()
+        assert ready["status"] == "ready" and ready["schema_version"] >= 2
+        metrics = c.get("/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain")
+        text = metrics.text
+        assert 'deadman_jobs{queue="a",state="queued"} 1.0' in text
+        assert 'deadman_jobs{queue="b",state="succeeded"} 1.0' in text
+        assert 'deadman_jobs{queue="b",state="dead"} 0.0' in text
+        assert "deadman_api_database_up 1.0" in text
+        assert 'deadman_api_requests_total{method="GET",route="/stats",status="200"}' in text
+        spec = c.get("/openapi.json").json()
+    assert spec["openapi"] == "3.1.0"
+    assert spec["security"] == []
+    assert set(spec["paths"]) == {
+        "/jobs",
+        "/jobs/batch",
+        "/jobs/{id}",
+        "/jobs/{id}/attempts",
+        "/jobs/{id}/cancel",
+        "/jobs/{id}/retry",
+        "/queues",
+        "/queues/{name}/pause",
+        "/queues/{name}/resume",
+        "/workers",
+        "/stats",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/openapi.json",
+    }
+    assert spec["paths"]["/health"]["get"]["security"] == []
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            assert op["operationId"] and op["responses"], (path, method)
