@@ -320,15 +320,23 @@ class AsyncStore:
 
     @classmethod
     def create(
-        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, retry_s: float = 30.0
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        retry_s: float = 30.0,
+        timeout: float = 10.0,
     ) -> AsyncStore:
+        """``timeout``: longest wait for a pooled connection; a worker keeps it well
+        under its lease trust window so a stalled pool surfaces before leases lapse."""
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True, "row_factory": dict_row},
             open=False,
-            timeout=10.0,
+            timeout=timeout,
             # psycopg_pool gives up reconnecting after this long (0 would mean: at
             # once); a worker must outlive any database outage, so: a year.
             reconnect_timeout=365 * 24 * 3600.0,

@@ -103,6 +103,18 @@ class Executor:
         held.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # A task cancelled before its first step never runs _run's finally blocks;
+        # without this the slot and the in-flight entry would leak, and the
+        # heartbeat would renew an orphaned lease forever.
+        task.add_done_callback(lambda _t: self._release(held))
+
+    def _release(self, held: Held) -> None:
+        """Give back the slot (once) and forget the job. Idempotent."""
+        if not held.slot_released:
+            held.slot_released = True
+            self._slots.give()
+        if self._inflight.get(held.job.id) is held:
+            self._inflight.remove(held.job.id)
 
     def abort(self, job_id: int, reason: Abort) -> None:
         """Stop a handler. Sync handlers cannot be interrupted: they see ctx.cancelled."""
@@ -140,7 +152,11 @@ class Executor:
             finish = await self._invoke(held, spec, bound)
         finally:
             metrics.RUN_TIME.observe(time.monotonic() - started)
-            self._slots.give()
+            # the slot frees when the handler returns; the lease stays held (and
+            # renewed) until the completion is written
+            if not held.slot_released:
+                held.slot_released = True
+                self._slots.give()
         try:
             if finish is None:
                 return
@@ -157,7 +173,7 @@ class Executor:
             else:
                 bound.warning("job_outcome_refused", outcome=finish.outcome.value)
         finally:
-            self._inflight.remove(job.id)
+            self._release(held)
 
     async def _invoke(self, held: Held, spec: HandlerSpec | None, bound: Any) -> Finish | None:
         """Run the handler; return the outcome to write, or None when there is nothing

@@ -30,6 +30,7 @@ class Held:
     #: that finds the lease gone is not a loss.
     finishing: bool = False
     abort: Abort | None = None
+    slot_released: bool = False
     token: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -62,7 +62,9 @@ class Worker:
         self._sync_pool: ConnectionPool[Any] | None = None
         self._sync_pool_lock = threading.Lock()
         pool_max = settings.pool_size or min(settings.concurrency, 16) + 4
-        self.store = AsyncStore.create(dsn, min_size=2, max_size=pool_max)
+        self.store = AsyncStore.create(
+            dsn, min_size=2, max_size=pool_max, timeout=max(1.0, settings.lease_ttl_s / 4)
+        )
 
     def _get_sync_pool(self) -> ConnectionPool[Any]:
         """Sync handlers' ctx.transaction() connections; made on first use."""

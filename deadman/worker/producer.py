@@ -102,8 +102,9 @@ class Producer:
         """Idle: take one quarantined job, if any, and run it alone."""
         self._draining = False
         for queue in self._queues:
+            sent = time.monotonic()
             jobs = await self._store.job_claim_quarantined(
-                self._claim_params(queue, 1, ttl_ms), retry_s=2.0
+                self._claim_params(queue, 1, ttl_ms), retry_s=0
             )
             if jobs:
                 job = jobs[0]
@@ -115,7 +116,7 @@ class Producer:
                 )
                 metrics.JOBS_CLAIMED.labels(queue).inc()
                 self._isolating = job.id
-                self._executor.start(job, time.monotonic())
+                self._executor.start(job, sent)
                 return True
         return False
 
@@ -152,7 +153,10 @@ class Producer:
                 break
             queue = self._queues[(start + i) % n]
             sent = time.monotonic()
-            jobs = await self._store.job_claim(self._claim_params(queue, free, ttl_ms), retry_s=2.0)
+            # No retries inside the store: `sent` must be the send time of the claim
+            # that succeeded (the trust window counts from it). The run loop backs
+            # off and claims again on DatabaseUnavailable.
+            jobs = await self._store.job_claim(self._claim_params(queue, free, ttl_ms), retry_s=0)
             self.claims += 1
             if jobs:
                 metrics.JOBS_CLAIMED.labels(queue).inc(len(jobs))

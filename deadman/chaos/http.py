@@ -1,0 +1,284 @@
+"""``--submit http``: the jobs go through a real ``deadman serve`` process.
+
+The harness owns one API server (its own process, on 127.0.0.1, with a queue depth
+cap so that producers running ahead of the fleet meet 429) and submits with the
+standard library's HTTP client, in ``POST /jobs/batch`` requests of 1000 jobs, each
+job carrying its idempotency key. A batch counts as acknowledged when a 201 (or a
+200 replay) came back.
+
+With the submission-faults scenario, chosen batches (seeded) also suffer:
+
+- a client-side timeout: the request is sent whole, then the client stops waiting
+  for the answer after a millisecond and sends it again. The first send usually
+  committed; the resend must come back as a replay, never as new jobs;
+- a duplicate: an acknowledged batch is sent again, and one of its jobs is sent again
+  alone as ``POST /jobs`` with ``Idempotency-Key``: both must be answered as replays
+  (200, ``Idempotent-Replayed: true``) with the same job ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from psycopg.conninfo import make_conninfo
+
+from deadman.chaos.workers import vm_hwm_kib
+
+BATCH = 1000  # the API's MAX_BATCH
+#: Cap on honouring Retry-After (the API says 5 s after a 429): the run must not
+#: sleep longer than the fleet needs to drain a batch.
+MAX_RETRY_AFTER_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ApiServer:
+    """``deadman serve`` on a free 127.0.0.1 port, owned by the harness."""
+
+    def __init__(self, dsn: str, log_dir: Path, depth_cap: int) -> None:
+        self.dsn = dsn
+        self.port = _free_port()
+        self.log_path = log_dir / "api.log"
+        self.depth_cap = depth_cap
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak_rss_kib = 0
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = dict(
+            os.environ,
+            DEADMAN_DATABASE_URL=make_conninfo(self.dsn, application_name="deadman-chaos-api"),
+            DEADMAN_MAX_QUEUE_DEPTH=str(self.depth_cap),
+            DEADMAN_LOG_LEVEL="warning",
+            DEADMAN_LOG_FORMAT="json",
+        )
+        argv = [sys.executable, "-m", "deadman", "serve", "--host", "127.0.0.1"]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*argv, "--port", str(self.port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/ready")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            time.sleep(0.1)
+        raise RuntimeError(f"`deadman serve` did not become ready; see {self.log_path}")
+
+    def sample_rss(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.peak_rss_kib = max(self.peak_rss_kib, vm_hwm_kib(self.proc.pid) or 0)
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.sample_rss()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class _Timeout(Exception):
+    """The client stopped waiting for the answer on purpose."""
+
+
+class HttpSubmitter(threading.Thread):
+    """Submits every job through the API; same interface as the client Submitter."""
+
+    def __init__(
+        self,
+        api: ApiServer,
+        *,
+        jobs: int,
+        seed: int,
+        handler_ms: int,
+        job_fields: dict[str, Any],
+        faults: bool,
+        stop: threading.Event,
+        deadline: float,
+    ) -> None:
+        super().__init__(name="chaos-http-submitter", daemon=True)
+        self.api = api
+        self.jobs = jobs
+        self.seed = seed
+        self.handler_ms = handler_ms
+        self.job_fields = job_fields
+        self.faults = faults
+        self.stop = stop
+        self.deadline = deadline
+        self.prefix = f"chaos-{seed}-"
+        self.acked = 0
+        self.resends = 0
+        self.error: str | None = None
+        self.finished = threading.Event()
+        self.duration_s = 0.0
+        self.statuses: dict[int, int] = {}
+        self.client_timeouts = 0
+        self.duplicates_sent = 0
+        self.replays_ok = 0
+        self.replays_wrong: list[str] = []
+        self._conn: http.client.HTTPConnection | None = None
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection("127.0.0.1", self.api.port, timeout=60)
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _post(
+        self, path: str, body: bytes, headers: dict[str, str], give_up_after: float | None = None
+    ) -> tuple[int, dict[str, str], Any]:
+        conn = self._connection()
+        try:
+            conn.request("POST", path, body, {"Content-Type": "application/json", **headers})
+            if give_up_after is not None and conn.sock is not None:
+                conn.sock.settimeout(give_up_after)
+            resp = conn.getresponse()
+            data = resp.read()
+        except TimeoutError as exc:
+            self._drop()
+            raise _Timeout() from exc
+        except (OSError, http.client.HTTPException):
+            self._drop()
+            raise
+        self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
+        hdrs = {k.lower(): v for k, v in resp.getheaders()}
+        try:
+            parsed = json.loads(data) if data else None
+        except ValueError:
+            parsed = None
+        return resp.status, hdrs, parsed
+
+    def _send_until_acked(self, body: bytes) -> tuple[int, dict[str, str], Any]:
+        """Send until 201/200; 429 and 503 wait (Retry-After), other trouble resends."""
+        while True:
+            if self.stop.is_set() or time.monotonic() > self.deadline:
+                raise RuntimeError("submission stopped before every batch was acknowledged")
+            try:
+                status, hdrs, parsed = self._post("/jobs/batch", body, {})
+            except (OSError, http.client.HTTPException, _Timeout):
+                self.resends += 1
+                time.sleep(0.2)
+                continue
+            if status in (200, 201):
+                return status, hdrs, parsed
+            if status in (429, 503):
+                self.resends += 1
+                wait = float(hdrs.get("retry-after", "1") or 1)
+                self.stop.wait(min(wait, MAX_RETRY_AFTER_S))
+                continue
+            raise RuntimeError(f"POST /jobs/batch answered {status}: {parsed}")
+
+    # -- the run -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.monotonic()
+        rng = random.Random(f"{self.seed}:payload")
+        faults = random.Random(f"{self.seed}:submit-faults")
+        try:
+            for first in range(0, self.jobs, BATCH):
+                items = [
+                    {
+                        **self.job_fields,
+                        "payload": {"ms": rng.randint(0, self.handler_ms)},
+                        "idempotency_key": f"{self.prefix}{n}",
+                    }
+                    for n in range(first, min(first + BATCH, self.jobs))
+                ]
+                body = json.dumps({"jobs": items}).encode()
+                # The first batch always gets both faults: a short run still exercises them.
+                timeout_draw, dup_draw = faults.random(), faults.random()
+                if first == 0:
+                    timeout_draw = dup_draw = 0.0
+                if self.faults and timeout_draw < 0.2:
+                    with contextlib.suppress(_Timeout, OSError, http.client.HTTPException):
+                        self._post("/jobs/batch", body, {}, give_up_after=0.001)
+                    self.client_timeouts += 1
+                _, _, parsed = self._send_until_acked(body)
+                self.acked += len(items)
+                if self.faults and dup_draw < 0.2:
+                    self._duplicate(body, items, parsed)
+        except Exception as exc:
+            self.error = repr(exc)
+        finally:
+            self._drop()
+            self.duration_s = time.monotonic() - started
+            self.finished.set()
+
+    def _duplicate(self, body: bytes, items: list[dict[str, Any]], first: Any) -> None:
+        """Resend an acknowledged batch, and one of its jobs alone: both replays."""
+        ids = [j["id"] for j in first["jobs"]] if isinstance(first, dict) else []
+        self.duplicates_sent += 1
+        status, hdrs, parsed = self._send_until_acked(body)
+        again = [j["id"] for j in parsed["jobs"]] if isinstance(parsed, dict) else []
+        if status == 200 and hdrs.get("idempotent-replayed") == "true" and again == ids:
+            self.replays_ok += 1
+        else:
+            self.replays_wrong.append(f"batch resend answered {status}, same ids: {again == ids}")
+        one = dict(items[0])
+        key = one.pop("idempotency_key")
+        self.duplicates_sent += 1
+        for _ in range(20):
+            try:
+                status, hdrs, parsed = self._post(
+                    "/jobs", json.dumps(one).encode(), {"Idempotency-Key": key}
+                )
+            except (OSError, http.client.HTTPException, _Timeout):
+                continue
+            if status not in (429, 503):
+                break
+            self.stop.wait(0.5)
+        same = isinstance(parsed, dict) and bool(ids) and parsed.get("id") == ids[0]
+        if status == 200 and hdrs.get("idempotent-replayed") == "true" and same:
+            self.replays_ok += 1
+        else:
+            self.replays_wrong.append(f"single resend answered {status}, same id: {same}")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "client_timeouts": self.client_timeouts,
+            "duplicates_sent": self.duplicates_sent,
+            "replays_ok": self.replays_ok,
+            "replays_wrong": self.replays_wrong,
+            "depth_cap": self.api.depth_cap,
+            "api_peak_rss_mib": round(self.api.peak_rss_kib / 1024, 1),
+            "api_exit_code": self.api.exit_code(),
+        }

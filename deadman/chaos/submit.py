@@ -1,0 +1,94 @@
+"""``--submit client``: the jobs go in through the Python client's COPY path.
+
+Also the job settings both submission paths share.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from deadman.client import Client
+from deadman.errors import DeadmanError
+from deadman.model import Backoff
+
+SUBMIT_BATCH = 5000
+#: Failed attempts (a killed connection mid-handler, Postgres restarting) are retried
+#: soon and often: the run is about effects, not about retry policy.
+JOB_MAX_ATTEMPTS = 25
+JOB_BACKOFF = Backoff(strategy="exponential", base_ms=100, max_ms=2000)
+
+
+class Submitter(threading.Thread):
+    """Enqueues every job through the Python client, in COPY batches, as fast as the
+    database takes them (which is much faster than the fleet runs them). A batch is
+    acknowledged when its COMMIT returned; a batch that fails (Postgres restarting) is
+    sent again, and the idempotency keys make the resend harmless."""
+
+    def __init__(
+        self,
+        dsn: str,
+        jobs: int,
+        seed: int,
+        handler_ms: int,
+        stop: threading.Event,
+        deadline: float,
+    ) -> None:
+        super().__init__(name="chaos-submitter", daemon=True)
+        self.dsn = dsn
+        self.jobs = jobs
+        self.seed = seed
+        self.handler_ms = handler_ms
+        self.stop = stop
+        self.deadline = deadline
+        self.prefix = f"chaos-{seed}-"
+        self.acked = 0
+        self.resends = 0
+        self.error: str | None = None
+        self.finished = threading.Event()
+        self.duration_s = 0.0
+
+    def run(self) -> None:
+        started = time.monotonic()
+        rng = random.Random(f"{self.seed}:payload")
+        try:
+            with Client(self.dsn) as client:
+                for first in range(0, self.jobs, SUBMIT_BATCH):
+                    batch = [
+                        client.job(
+                            "chaos-effect",
+                            {"ms": rng.randint(0, self.handler_ms)},
+                            max_attempts=JOB_MAX_ATTEMPTS,
+                            backoff=JOB_BACKOFF,
+                            idempotency_key=f"{self.prefix}{n}",
+                        )
+                        for n in range(first, min(first + SUBMIT_BATCH, self.jobs))
+                    ]
+                    self._send(client, batch)
+                    self.acked += len(batch)
+        except _GaveUp as exc:
+            self.error = str(exc)
+        finally:
+            self.duration_s = time.monotonic() - started
+            self.finished.set()
+
+    def _send(self, client: Client, batch: list[Any]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                client.enqueue_many(batch)
+                return
+            except (DeadmanError, psycopg.Error) as exc:
+                if self.stop.is_set() or time.monotonic() > self.deadline:
+                    raise _GaveUp(f"submission stopped: {exc}") from exc
+                self.resends += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+class _GaveUp(Exception):
+    pass
