@@ -42,7 +42,7 @@ fmt: install ## Format and auto-fix lint
 	$(BIN)/ruff check --fix $(LINT_DIRS)
 
 # pytest exits 5 when it collects nothing; that fails the target like any failure.
-test: check ## check, then the whole test suite
+test: check browser-deps ## check, then the whole test suite
 	$(BIN)/pytest -q -p no:cacheprovider
 
 demo: install ## Start a private Postgres and run the demo
@@ -58,3 +58,29 @@ clean: ## Stop the demo Postgres, remove .venv, .deadman and caches
 	-@test -x $(BIN)/deadman && $(BIN)/deadman devdb stop
 	rm -rf $(VENV) .deadman .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Benchmarks: a separate venv (.venv-bench) with the package plus the pinned peers
+# (bench/requirements.txt); the peers are never runtime dependencies of deadman.
+BENCH_BIN := .venv-bench/bin
+BENCH_STAMP := .venv-bench/.installed
+.PHONY: bench bench-quick
+
+$(BENCH_STAMP): pyproject.toml bench/requirements.txt
+	@test -x $(BENCH_BIN)/python || { test -n "$(PYTHON)" && $(PYTHON) -m venv .venv-bench; }
+	$(BENCH_BIN)/pip install --disable-pip-version-check -q -e . -r bench/requirements.txt
+	touch $@
+
+bench: $(BENCH_STAMP) ## Full benchmarks vs pgqueuer/procrastinate (< 25 min): BENCHMARKS.md
+	$(BENCH_BIN)/python -m bench.run
+
+bench-quick: $(BENCH_STAMP) ## Benchmark smoke run (< 3 min), written under bench/results/
+	$(BENCH_BIN)/python -m bench.run --quick
+
+# The dashboard's browser test drives Debian's chromium (never a downloaded browser).
+# Installed only when missing, and only where we can: root with apt-get.
+.PHONY: browser-deps
+browser-deps: ## Install chromium for the dashboard's browser test (root + apt-get only)
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "browser-deps: /usr/bin/chromium missing and cannot apt-get it (not root?)" >&2; fi

@@ -1,0 +1,1 @@
+"""Deadman's benchmarks, side by side with pgqueuer and procrastinate (``make bench``)."""

@@ -1,0 +1,395 @@
+"""What every benchmark shares: the durable cluster, machine facts, marks, stats.
+
+The cluster is a private one made with ``devdb.Cluster(...).init(fast=False)``: fsync
+and full_page_writes stay on and ``synchronous_commit`` is on, so every number here
+is a number a durable production set-up would see (never ``devdb.throwaway()``,
+which turns fsync off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from deadman import devdb
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@contextlib.contextmanager
+def durable_cluster() -> Iterator[devdb.Cluster]:
+    """A fresh durable cluster in a temp dir, destroyed on exit."""
+    root = Path(tempfile.mkdtemp(prefix="deadman-bench-", dir="/tmp"))
+    root.chmod(0o755)  # the postgres user must be able to enter it
+    cluster = devdb.Cluster(root / "data")
+    cluster._owned_root = root
+    try:
+        cluster.init(fast=False)
+        # pg_stat_statements: per-query server time for the profile section. It is
+        # loaded for every system alike, so it costs each of them the same.
+        with (cluster.datadir / "postgresql.conf").open("a", encoding="utf-8") as conf:
+            conf.write(
+                "shared_preload_libraries = 'pg_stat_statements'\n"
+                "synchronous_commit = on\n"
+                "max_connections = 300\n"
+            )
+        cluster.start()
+        POSTMASTER[:] = [int((cluster.datadir / "postmaster.pid").read_text().split()[0])]
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def create_database(cluster: devdb.Cluster, name: str) -> str:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = cluster.dsn(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return dsn
+
+
+def machine(dsn: str) -> dict[str, Any]:
+    """CPU, cores, memory, Postgres version and the settings that decide durability."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError):
+        first = Path("/proc/meminfo").read_text().splitlines()[0]
+        mem_kib = int(first.split()[1])
+    settings = {}
+    with psycopg.connect(dsn) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        for name in (
+            "synchronous_commit",
+            "fsync",
+            "full_page_writes",
+            "shared_buffers",
+            "wal_level",
+            "max_connections",
+        ):
+            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+            settings[name] = row[0] if row else None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgres": version[0] if version else None,
+        "pg_settings": settings,
+    }
+
+
+def reset_pg_stats(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def top_statements(dsn: str, limit: int = 8) -> list[dict[str, Any]]:
+    """The statements of this database that took the most server time."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            """
+            SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 110) AS query,
+                   s.calls, round(s.total_exec_time::numeric, 1) AS total_ms,
+                   round(s.mean_exec_time::numeric, 3) AS mean_ms, s.rows
+            FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+            WHERE d.datname = current_database()
+            ORDER BY s.total_exec_time DESC LIMIT %s
+            """,
+            (limit,),
+        ).fetchall()
+    return [
+        {"query": q, "calls": c, "total_ms": float(t), "mean_ms": float(m), "rows": r}
+        for q, c, t, m, r in rows
+    ]
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a worker with its output in ``log`` (a pipe nobody reads would fill up)."""
+    handle = log.open("ab")
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.Popen(
+        argv,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL the process group if it does not leave in time."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def wait_ready_files(ready_dir: Path, n: int, timeout: float = 60.0) -> None:
+    wait_for(lambda: len(list(ready_dir.glob("ready-*"))) >= n, timeout, f"{n} peer workers")
+
+
+def mark_ready(ready_dir: str | None) -> None:
+    """Called by a peer worker once it is set up (the orchestrator waits for these)."""
+    if ready_dir:
+        Path(ready_dir, f"ready-{os.getpid()}").touch()
+
+
+# --------------------------------------------------------------------------- marks
+# Handlers under test call record(i, intended) at their first line: one line
+# "i intended started" per execution, in a file per process. time.time() on both
+# sides: the sender and the workers run on the same machine.
+
+_mark_file: Any = None
+
+
+def record(i: int, intended: float) -> None:
+    global _mark_file
+    started = time.time()
+    if _mark_file is None:
+        directory = os.environ["BENCH_MARK_DIR"]
+        _mark_file = open(  # noqa: SIM115 - kept open for the life of the worker
+            Path(directory, f"marks-{os.getpid()}.txt"), "a", buffering=1, encoding="ascii"
+        )
+    _mark_file.write(f"{i} {intended:.6f} {started:.6f}\n")
+
+
+def read_marks(directory: Path) -> list[tuple[int, float, float]]:
+    out = []
+    for path in directory.glob("marks-*.txt"):
+        for line in path.read_text(encoding="ascii").splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                out.append((int(parts[0]), float(parts[1]), float(parts[2])))
+    return out
+
+
+async def open_loop(
+    send: Callable[[int, float], Awaitable[None]], rate: float, seconds: float
+) -> dict[str, Any]:
+    """Send ``rate`` jobs/s for ``seconds``, each at its intended time, without waiting
+    for earlier sends (open loop): a slow send never delays the next one, and
+    latency is measured from the intended time, so no coordinated omission."""
+    n = round(rate * seconds)
+    start = time.time() + 0.2
+    tasks: list[asyncio.Task[None]] = []
+    ack_at: dict[int, float] = {}
+    late = 0.0
+
+    async def timed(i: int, intended: float) -> None:
+        await send(i, intended)
+        ack_at[i] = time.time()
+
+    for i in range(n):
+        intended = start + i / rate
+        delay = intended - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            late = max(late, -delay)
+        tasks.append(asyncio.create_task(timed(i, intended)))
+    await asyncio.gather(*tasks)
+    return {"sent": n, "max_send_lag_ms": round(late * 1000, 2), "ack_at": ack_at}
+
+
+def commit_probe(dsn: str, n: int = 300) -> dict[str, Any]:
+    """Single-row INSERT + COMMIT round trips on one connection: what a durable
+    commit costs on this machine's disk (it bounds every system measured here)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS public.commit_probe (v int)")
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            conn.execute("INSERT INTO public.commit_probe (v) VALUES (1)")
+            lat.append((time.perf_counter() - t) * 1000)
+        conn.execute("DROP TABLE public.commit_probe")
+    lat.sort()
+    return {"n": n, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": round(lat[-1], 3)}
+
+
+def latency_summary(
+    marks: list[tuple[int, float, float]], n: int, sender: dict[str, Any]
+) -> dict[str, Any]:
+    """p50/p99/p99.9 of handler start - intended send; checks each job ran once.
+
+    Split in two: intended send -> the enqueue call returned (its durable COMMIT,
+    the submitter's side) and that return -> handler start (the queue's side)."""
+    ack_at: dict[int, float] = sender.pop("ack_at", {})
+    intended_of = {i: t for i, t, _ in marks}
+    acks = sorted((a - intended_of[i]) * 1000 for i, a in ack_at.items() if i in intended_of)
+    after = sorted((s - ack_at[i]) * 1000 for i, _, s in marks if i in ack_at)
+    seen: dict[int, int] = {}
+    for i, _, _ in marks:
+        seen[i] = seen.get(i, 0) + 1
+    missing = n - len(seen)
+    doubled = sum(1 for c in seen.values() if c > 1)
+    lat = sorted((s - t) * 1000 for _, t, s in marks)
+    return {
+        "n": n,
+        "executions": len(marks),
+        "missing": missing,
+        "doubled": doubled,
+        "ok": missing == 0 and doubled == 0,
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "p999_ms": pct(lat, 99.9),
+        "max_ms": round(lat[-1], 3) if lat else None,
+        "enqueue_ack_p50_ms": pct(acks, 50),
+        "enqueue_ack_p99_ms": pct(acks, 99),
+        "ack_to_start_p50_ms": pct(after, 50),
+        "ack_to_start_p99_ms": pct(after, 99),
+        "ack_to_start_p999_ms": pct(after, 99.9),
+    }
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def pct(sorted_values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return None
+    k = max(0, min(len(sorted_values) - 1, round(p / 100 * len(sorted_values) + 0.5) - 1))
+    return round(sorted_values[k], 3)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def clean_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for f in path.iterdir():
+        if f.is_file():
+            f.unlink()
+    return path
+
+
+# --------------------------------------------------------------------------- cpu
+
+
+POSTMASTER: list[int] = []  # set by durable_cluster(): the bench cluster's postmaster
+
+
+def cpu_snapshot(roots: list[int]) -> dict[int, tuple[str, int]]:
+    """pid -> (kind, utime+stime ticks) for every process. kind: 'workers' (in the
+    process trees of ``roots``), 'postgres' (this run's cluster), 'profiler' (our
+    py-spy) or 'other' (anything else on the machine: it shows interference)."""
+    raw: dict[int, tuple[str, int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        raw[int(entry.name)] = (comm, int(fields[1]), int(fields[11]) + int(fields[12]))
+    out: dict[int, tuple[str, int]] = {-1: ("machine_busy", _busy_ticks())}
+    me = os.getpid()
+    for pid, (comm, _, ticks) in raw.items():
+        kind, cur, seen = "other", pid, 0
+        while cur in raw and seen < 50:
+            if cur in roots:
+                kind = "workers"
+                break
+            if cur in POSTMASTER:
+                kind = "postgres"
+                break
+            if cur == me:
+                kind = "profiler" if comm.startswith("py-spy") else "bench"
+                break
+            cur, seen = raw[cur][1], seen + 1
+        out[pid] = (kind, ticks)
+    return out
+
+
+def _busy_ticks() -> int:
+    """Non-idle CPU ticks of the whole machine, all cores (from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+
+
+def cpu_used(
+    before: dict[int, tuple[str, int]], wall_s: float, roots: list[int]
+) -> dict[str, float]:
+    """Cores used on average per kind since ``before`` (processes that exited in
+    between are not counted: short-lived client backends are missed)."""
+    after = cpu_snapshot(roots)
+    after[-1] = ("machine_busy", _busy_ticks())  # the sampling itself is not counted
+    hz = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for pid, (kind, ticks) in after.items():
+        start = before.get(pid, (kind, 0))[1]
+        used[kind] = used.get(kind, 0.0) + (ticks - start) / hz
+    return {k: round(v / wall_s, 2) for k, v in used.items() if wall_s > 0}
+
+
+def code_fingerprint() -> str:
+    """A hash of the package and migrations as they are on disk now (the package is
+    installed editable, so edits made during a run change what is measured)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(
+        [
+            *ROOT.glob("deadman/**/*.py"),
+            *ROOT.glob("migrations/*.sql"),
+            *ROOT.glob("deadman/**/*.sql"),
+        ]
+    ):
+        h.update(str(path.relative_to(ROOT)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def load() -> dict[str, Any]:
+    """Machine load right now: other people's work on a shared box skews everything."""
+    out: dict[str, Any] = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
+    with contextlib.suppress(OSError):
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        out["cpu_pressure_some_avg60"] = float(line.split()[2].split("=")[1])
+    return out

@@ -1,0 +1,1 @@
+"""The peers, each driven through its fastest documented path."""

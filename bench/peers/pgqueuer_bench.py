@@ -1,0 +1,255 @@
+"""pgqueuer under the same benchmarks, through its own documented API.
+
+- Bulk enqueue: ``Queries.enqueue`` with lists (one UNNEST insert), its batch path.
+- Workers: ``QueueManager.run(batch_size=B, max_concurrent_tasks=None)`` over one
+  asyncpg connection, as in pgqueuer's README; no concurrency limit.
+- Tables installed with the default durability (``durable``: all tables logged).
+- Verification: the queue table is empty and ``pgqueuer_log`` holds exactly one
+  'successful' row per enqueued job id (pgqueuer deletes a finished job and logs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psycopg
+from pgqueuer.db import AsyncpgDriver
+from pgqueuer.models import Job
+from pgqueuer.qm import QueueManager
+from pgqueuer.queries import Queries
+
+from bench.common import (
+    PY,
+    clean_dir,
+    cpu_snapshot,
+    cpu_used,
+    latency_summary,
+    mark_ready,
+    open_loop,
+    read_marks,
+    record,
+    spawn,
+    stop,
+    wait_for,
+    wait_ready_files,
+)
+
+NAME = "pgqueuer"
+
+
+def setup(dsn: str) -> None:
+    async def main() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await Queries(AsyncpgDriver(conn)).install()
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+
+
+def truncate(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics RESTART IDENTITY")
+        conn.execute("VACUUM ANALYZE pgqueuer")
+
+
+def _count(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+def bulk_enqueue(dsn: str, n: int) -> float:
+    truncate(dsn)
+
+    async def main() -> float:
+        conn = await asyncpg.connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            t0 = time.perf_counter()
+            ids = await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            elapsed = time.perf_counter() - t0
+        finally:
+            await conn.close()
+        if len(ids) != n:
+            raise AssertionError(f"pgqueuer stored {len(ids)} of {n}")
+        return elapsed
+
+    elapsed = asyncio.run(main())
+    if _count(dsn, "SELECT count(*) FROM pgqueuer") != n:
+        raise AssertionError("pgqueuer enqueue lost jobs")
+    return elapsed
+
+
+def verify(dsn: str, n: int) -> dict[str, Any]:
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+        logged, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM pgqueuer_log WHERE status = 'successful'"
+        ).fetchone() or (0, 0)
+    remaining = left[0] if left else -1
+    return {
+        "ok": remaining == 0 and logged == distinct == n,
+        "left_in_queue": remaining,
+        "successful_log_rows": logged,
+        "distinct_jobs": distinct,
+    }
+
+
+def _workers(
+    dsn: str, processes: int, batch: int, logdir: Path, ready: Path, env: dict[str, str]
+) -> list[Any]:
+    clean_dir(ready)
+    procs = [
+        spawn(
+            [
+                PY,
+                "-m",
+                "bench.peers.pgqueuer_bench",
+                "worker",
+                dsn,
+                "--batch-size",
+                str(batch),
+                "--ready-dir",
+                str(ready),
+            ],
+            logdir / f"pgqueuer-p{processes}b{batch}.log",
+            env,
+        )
+        for _ in range(processes)
+    ]
+    wait_ready_files(ready, processes)
+    time.sleep(1.0)  # run() sets up LISTEN after the ready mark
+    return procs
+
+
+def burn_down(
+    dsn: str, n: int, processes: int, batch: int, logdir: Path, ready: Path
+) -> dict[str, Any]:
+    truncate(dsn)
+    procs = _workers(dsn, processes, batch, logdir, ready, {})
+    try:
+
+        async def enqueue() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await Queries(AsyncpgDriver(conn)).enqueue(["noop"] * n, [None] * n, [0] * n)
+            finally:
+                await conn.close()
+
+        cpu0, w0 = cpu_snapshot([p.pid for p in procs]), time.time()
+        asyncio.run(enqueue())
+        t0 = time.time()
+        done_q = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+        wait_for(lambda: _count(dsn, done_q) >= n, 60 + n / 100, "pgqueuer burn-down", 0.25)
+        cpu = cpu_used(cpu0, time.time() - w0, [p.pid for p in procs])
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM max(created))::float8 FROM pgqueuer_log"
+                " WHERE status = 'successful'"
+            ).fetchone()
+        t1 = float(row[0]) if row and row[0] else time.time()
+    finally:
+        for p in procs:
+            stop(p)
+    return {
+        "setting": f"{processes} proc, batch_size={batch}, no concurrency limit",
+        "processes": processes,
+        "batch_size": batch,
+        "n": n,
+        "seconds": round(t1 - t0, 4),
+        "jobs_per_s": round(n / (t1 - t0), 1),
+        "verify": verify(dsn, n),
+        "cpu_cores": cpu,
+    }
+
+
+def latency(
+    dsn: str, rate: float, seconds: float, markdir: Path, logdir: Path, ready: Path
+) -> dict[str, Any]:
+    """Open-loop single ``Queries.enqueue`` calls, to one worker with default settings."""
+    truncate(dsn)
+    clean_dir(markdir)
+    procs = _workers(dsn, 1, 10, logdir, ready, {"BENCH_MARK_DIR": str(markdir)})
+    n = round(rate * seconds)
+    try:
+
+        async def main() -> dict[str, Any]:
+            conns = [await asyncpg.connect(dsn) for _ in range(4)]
+            free: asyncio.Queue[Queries] = asyncio.Queue()
+            for c in conns:
+                free.put_nowait(Queries(AsyncpgDriver(c)))
+
+            async def send(i: int, intended: float) -> None:
+                q = await free.get()
+                try:
+                    await q.enqueue("mark", f"{i} {intended:.6f}".encode())
+                finally:
+                    free.put_nowait(q)
+
+            try:
+                return await open_loop(send, rate, seconds)
+            finally:
+                for c in conns:
+                    await c.close()
+
+        sent = asyncio.run(main())
+        wait_for(lambda: len(read_marks(markdir)) >= n, 60, "pgqueuer latency jobs", 0.1)
+        time.sleep(0.5)
+        done_q = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+        wait_for(lambda: _count(dsn, done_q) >= n, 30, "pgqueuer latency completions", 0.1)
+    finally:
+        for p in procs:
+            stop(p)
+    out = latency_summary(read_marks(markdir), n, sent)
+    out["sender"] = sent
+    out["verify"] = verify(dsn, n)
+    out["ok"] = out["ok"] and out["verify"]["ok"]
+    return out
+
+
+# --------------------------------------------------------------------------- worker
+
+
+async def _worker_main(dsn: str, batch_size: int, ready_dir: str | None) -> None:
+    conn = await asyncpg.connect(dsn)
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+    @qm.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        return None
+
+    @qm.entrypoint("mark")
+    async def mark(job: Job) -> None:
+        i, t = (job.payload or b"").decode().split()
+        record(int(i), float(t))
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, qm.shutdown.set)
+    mark_ready(ready_dir)
+    try:
+        await qm.run(batch_size=batch_size, max_concurrent_tasks=None)
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["worker"])
+    p.add_argument("dsn")
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--ready-dir")
+    args = p.parse_args()
+    asyncio.run(_worker_main(args.dsn, args.batch_size, args.ready_dir))
+
+
+if __name__ == "__main__":
+    main()

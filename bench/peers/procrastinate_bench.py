@@ -1,0 +1,240 @@
+"""procrastinate under the same benchmarks, through its own documented API.
+
+- Bulk enqueue: ``Task.batch_defer_async`` (one statement for the whole batch).
+- Workers: ``App.run_worker_async(concurrency=C)`` per process, LISTEN/NOTIFY on.
+- Verification: every job ends 'succeeded' and ``procrastinate_events`` holds
+  exactly one 'started' event per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import procrastinate
+import psycopg
+
+from bench.common import (
+    PY,
+    clean_dir,
+    cpu_snapshot,
+    cpu_used,
+    latency_summary,
+    mark_ready,
+    open_loop,
+    read_marks,
+    record,
+    spawn,
+    stop,
+    wait_for,
+    wait_ready_files,
+)
+
+NAME = "procrastinate"
+POLLING = float(os.environ.get("BENCH_PRO_POLLING", "5.0"))
+
+
+def make_app(dsn: str) -> procrastinate.App:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    @app.task(name="mark")
+    async def mark(i: int, t: float) -> None:
+        record(i, t)
+
+    return app
+
+
+def setup(dsn: str) -> None:
+    async def main() -> None:
+        app = make_app(dsn)
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+
+    asyncio.run(main())
+
+
+def truncate(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_periodic_defers,"
+            " procrastinate_workers RESTART IDENTITY CASCADE"
+        )
+        conn.execute("VACUUM ANALYZE procrastinate_jobs")
+
+
+def _count(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _defer_many(dsn: str, n: int) -> float:
+    app = make_app(dsn)
+    async with app.open_async():
+        task = app.tasks["noop"]
+        await app.connector.execute_query_async("SELECT 1")  # warm the pool
+        t0 = time.perf_counter()
+        ids = await task.batch_defer_async(*({} for _ in range(n)))
+        elapsed = time.perf_counter() - t0
+    if len(ids) != n:
+        raise AssertionError(f"procrastinate stored {len(ids)} of {n}")
+    return elapsed
+
+
+def bulk_enqueue(dsn: str, n: int) -> float:
+    truncate(dsn)
+    elapsed = asyncio.run(_defer_many(dsn, n))
+    if _count(dsn, "SELECT count(*) FROM procrastinate_jobs") != n:
+        raise AssertionError("procrastinate enqueue lost jobs")
+    return elapsed
+
+
+def verify(dsn: str, n: int) -> dict[str, Any]:
+    with psycopg.connect(dsn) as conn:
+        jobs, succeeded = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'succeeded') FROM procrastinate_jobs"
+        ).fetchone() or (0, 0)
+        started, distinct = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM procrastinate_events"
+            " WHERE type = 'started'"
+        ).fetchone() or (0, 0)
+    return {
+        "ok": jobs == succeeded == started == distinct == n,
+        "jobs": jobs,
+        "succeeded": succeeded,
+        "started_events": started,
+        "distinct_started": distinct,
+    }
+
+
+def _workers(
+    dsn: str, processes: int, concurrency: int, logdir: Path, ready: Path, env: dict[str, str]
+) -> list[Any]:
+    clean_dir(ready)
+    procs = [
+        spawn(
+            [
+                PY,
+                "-m",
+                "bench.peers.procrastinate_bench",
+                "worker",
+                dsn,
+                "--concurrency",
+                str(concurrency),
+                "--polling",
+                str(POLLING),
+                "--ready-dir",
+                str(ready),
+            ],
+            logdir / f"procrastinate-p{processes}c{concurrency}.log",
+            env,
+        )
+        for _ in range(processes)
+    ]
+    wait_ready_files(ready, processes)
+    time.sleep(1.0)  # the worker LISTENs right after the ready mark
+    return procs
+
+
+def burn_down(
+    dsn: str, n: int, processes: int, concurrency: int, logdir: Path, ready: Path
+) -> dict[str, Any]:
+    truncate(dsn)
+    procs = _workers(dsn, processes, concurrency, logdir, ready, {})
+    try:
+        cpu0, w0 = cpu_snapshot([p.pid for p in procs]), time.time()
+        asyncio.run(_defer_many(dsn, n))
+        t0 = time.time()
+        done_q = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+        wait_for(lambda: _count(dsn, done_q) >= n, 60 + n / 50, "procrastinate burn-down", 0.25)
+        cpu = cpu_used(cpu0, time.time() - w0, [p.pid for p in procs])
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM max(at))::float8 FROM procrastinate_events"
+                " WHERE type = 'succeeded'"
+            ).fetchone()
+        t1 = float(row[0]) if row and row[0] else time.time()
+    finally:
+        for p in procs:
+            stop(p)
+    return {
+        "setting": f"{processes} proc, concurrency={concurrency}",
+        "processes": processes,
+        "concurrency": concurrency,
+        "n": n,
+        "seconds": round(t1 - t0, 4),
+        "jobs_per_s": round(n / (t1 - t0), 1),
+        "verify": verify(dsn, n),
+        "cpu_cores": cpu,
+    }
+
+
+def latency(
+    dsn: str, rate: float, seconds: float, markdir: Path, logdir: Path, ready: Path
+) -> dict[str, Any]:
+    """Open-loop single ``defer_async`` calls, to one worker with concurrency 10."""
+    truncate(dsn)
+    clean_dir(markdir)
+    procs = _workers(dsn, 1, 10, logdir, ready, {"BENCH_MARK_DIR": str(markdir)})
+    n = round(rate * seconds)
+    try:
+
+        async def main() -> dict[str, Any]:
+            app = make_app(dsn)
+            async with app.open_async():
+                task = app.tasks["mark"]
+                await app.connector.execute_query_async("SELECT 1")
+
+                async def send(i: int, intended: float) -> None:
+                    await task.defer_async(i=i, t=intended)
+
+                return await open_loop(send, rate, seconds)
+
+        sent = asyncio.run(main())
+        wait_for(lambda: len(read_marks(markdir)) >= n, 60, "procrastinate latency jobs", 0.1)
+        time.sleep(0.5)
+        done_q = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+        wait_for(lambda: _count(dsn, done_q) >= n, 30, "procrastinate completions", 0.1)
+    finally:
+        for p in procs:
+            stop(p)
+    out = latency_summary(read_marks(markdir), n, sent)
+    out["sender"] = sent
+    out["verify"] = verify(dsn, n)
+    out["ok"] = out["ok"] and out["verify"]["ok"]
+    return out
+
+
+# --------------------------------------------------------------------------- worker
+
+
+async def _worker_main(dsn: str, concurrency: int, polling: float, ready_dir: str | None) -> None:
+    app = make_app(dsn)
+    async with app.open_async():
+        mark_ready(ready_dir)
+        await app.run_worker_async(
+            concurrency=concurrency, wait=True, fetch_job_polling_interval=polling
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["worker"])
+    p.add_argument("dsn")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--polling", type=float, default=5.0, help="fetch_job_polling_interval")
+    p.add_argument("--ready-dir")
+    args = p.parse_args()
+    asyncio.run(_worker_main(args.dsn, args.concurrency, args.polling, args.ready_dir))
+
+
+if __name__ == "__main__":
+    main()
