@@ -62,6 +62,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             passthrough += ["--database-url", args.database_url]
         if args.no_rescuer:
             passthrough += ["--no-rescuer"]
+        if args.metrics_port:
+            passthrough += ["--metrics-port", str(args.metrics_port)]
         return Fleet(args.processes, child_command(passthrough)).run()
 
     from deadman.db.migrate import check_current
@@ -69,6 +71,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from deadman.worker.process import Worker
 
     check_current(dsn)
+    if args.metrics_port:
+        from deadman import metrics
+
+        metrics.serve(args.metrics_port)
     registry: Registry | None = load_registry(args.app) if args.app else None
     worker = Worker(dsn, settings, registry, run_rescuer=not args.no_rescuer)
 
@@ -175,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--queues", help="comma-separated queue names (default: default)")
     w.add_argument("--processes", type=int, default=1, help="supervise N processes")
     w.add_argument("--no-rescuer", action="store_true", help="do not run the rescuer here")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (child i: +i)")
     w.set_defaults(func=cmd_worker)
 
     r = sub.add_parser("rescuer", help="run the rescuer standalone")
@@ -217,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--all", action="store_true", help="every scenario (the default)")
     ch.add_argument("--report", help="also write the report as JSON to this path")
     ch.set_defaults(func=cmd_chaos)
+
+    from deadman.cli_ops import add_parsers  # jobs, dlq, queues, workers, stats, top
+
+    add_parsers(sub, db_arg)
     return p
 
 

@@ -77,6 +77,10 @@ class Client:
         backoff: Backoff | None = None,
         timeout: timedelta | float | None = None,
         idempotency_key: str | None = None,
+        depends_on: Iterable[int | Job] = (),
+        start_by: datetime | None = None,
+        deadline: datetime | None = None,
+        heartbeat_timeout: timedelta | float | None = None,
     ) -> NewJob:
         """Build (and validate) a job without sending it; for :meth:`enqueue_many`."""
         return NewJob(
@@ -90,6 +94,10 @@ class Client:
             backoff=backoff or Backoff(),
             timeout_ms=_to_ms(timeout),
             idempotency_key=idempotency_key,
+            depends_on=tuple(d.id if isinstance(d, Job) else int(d) for d in depends_on),
+            start_by=start_by,
+            deadline=deadline,
+            heartbeat_timeout_ms=_to_ms(heartbeat_timeout),
         )
 
     def enqueue(
@@ -105,6 +113,10 @@ class Client:
         backoff: Backoff | None = None,
         timeout: timedelta | float | None = None,
         idempotency_key: str | None = None,
+        depends_on: Iterable[int | Job] = (),
+        start_by: datetime | None = None,
+        deadline: datetime | None = None,
+        heartbeat_timeout: timedelta | float | None = None,
         conn: SyncConn | None = None,
     ) -> Job:
         """Enqueue one job and return it.
@@ -112,6 +124,13 @@ class Client:
         With ``idempotency_key``: a repeat of the same request returns the job that
         already exists; the same key with a different request raises
         :class:`DuplicateKey`.
+
+        ``depends_on`` (jobs or ids): the job waits until all of them succeeded, and is
+        cancelled if one ends dead or cancelled; an unknown id raises
+        :class:`~deadman.store.UnknownDependency`. ``start_by``: not started by then,
+        it ends dead ('expired'). ``deadline``: no attempt starts after it ('deadline').
+        ``heartbeat_timeout``: the handler must call ``ctx.heartbeat()`` at least that
+        often, or its attempt is treated as hung (timed_out).
         """
         new = self.job(
             type,
@@ -124,6 +143,10 @@ class Client:
             backoff=backoff,
             timeout=timeout,
             idempotency_key=idempotency_key,
+            depends_on=depends_on,
+            start_by=start_by,
+            deadline=deadline,
+            heartbeat_timeout=heartbeat_timeout,
         )
         if conn is not None:
             return self._enqueue_on(conn, new)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import os
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import Counter, Histogram, start_http_server
 
 JOBS_CLAIMED = Counter("deadman_jobs_claimed", "Jobs claimed by this worker", ["queue"])
 JOBS_FINISHED = Counter(
@@ -31,3 +34,15 @@ RUN_TIME = Histogram(
     "Handler run time",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
 )
+
+
+def serve(base_port: int) -> WSGIServer:
+    """Serve this process's metrics over HTTP (``deadman worker --metrics-port``) on a
+    daemon thread; returns the server (``server_port``, ``shutdown()``). Child ``i`` of
+    a fleet (``--processes N``, which sets DEADMAN_FLEET_INDEX) gets ``base_port + i``,
+    so every process keeps its own counters and Prometheus scrapes each one. A port
+    already taken fails start-up loudly (OSError) rather than leaving a worker that is
+    silently unobservable."""
+    port = base_port + int(os.environ.get("DEADMAN_FLEET_INDEX", "0"))
+    server, _thread = start_http_server(port)
+    return server

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -38,11 +39,13 @@ TERMINAL: frozenset[JobState] = frozenset({S.SUCCEEDED, S.DEAD, S.CANCELLED})
 CLAIMABLE: frozenset[JobState] = frozenset({S.QUEUED, S.SCHEDULED, S.RETRYING})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    # waiting: dependencies not finished yet (workflows)
-    S.WAITING: frozenset({S.QUEUED, S.SCHEDULED, S.CANCELLED}),
+    # Every not-yet-started state may also go to dead: start_by or deadline passed
+    # before the job could start (the rescuer's job_expire), without running.
+    # waiting: dependencies not finished yet (workflows, depends_on)
+    S.WAITING: frozenset({S.QUEUED, S.SCHEDULED, S.CANCELLED, S.DEAD}),
     # scheduled: run_at in the future; claimed directly once due
-    S.SCHEDULED: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED}),
-    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED}),
+    S.SCHEDULED: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED, S.DEAD}),
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.DEAD}),
     S.RUNNING: frozenset(
         {
             S.SUCCEEDED,  # handler returned (fenced)
@@ -52,7 +55,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             S.CANCELLED,  # cooperative cancel
         }
     ),
-    S.RETRYING: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED}),
+    S.RETRYING: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED, S.DEAD}),
     S.SUCCEEDED: frozenset(),
     S.DEAD: frozenset({S.QUEUED}),  # dead-letter replay
     S.CANCELLED: frozenset({S.QUEUED}),  # manual retry
@@ -66,6 +69,33 @@ def can_transition(src: JobState, dst: JobState) -> bool:
 def check_transition(src: JobState, dst: JobState) -> None:
     if not can_transition(src, dst):
         raise IllegalTransition(f"a job cannot move from {src.value} to {dst.value}")
+
+
+def find_cycle(nodes: Sequence[str], edges: Sequence[tuple[str, str]]) -> list[str]:
+    """A cycle among ``edges`` (from, to) as a list of node names that starts and ends
+    with the same node, or [] for a DAG. Iterative DFS: deep chains cost no stack."""
+    out: dict[str, list[str]] = {n: [] for n in nodes}
+    for src, dst in edges:
+        out[src].append(dst)
+    colour = dict.fromkeys(nodes, 0)  # 0 new, 1 on the current path, 2 done
+    for root in nodes:
+        if colour[root]:
+            continue
+        path: list[str] = [root]
+        iters = [iter(out[root])]
+        colour[root] = 1
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                colour[path.pop()] = 2
+                iters.pop()
+            elif colour[nxt] == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif colour[nxt] == 0:
+                colour[nxt] = 1
+                path.append(nxt)
+                iters.append(iter(out[nxt]))
+    return []
 
 
 class AttemptOutcome(enum.StrEnum):
@@ -192,6 +222,17 @@ class Job:
     result: Any
     cancel_requested: bool = False
     request_hash: str | None = None
+    #: the workflow this job is a node of, and the node's name in it
+    workflow_id: int | None = None
+    node: str | None = None
+    #: dependencies not yet succeeded (a 'waiting' job)
+    pending_deps: int = 0
+    #: schedule-to-start: not started by then, the job ends dead ('expired')
+    start_by: datetime | None = None
+    #: total across retries: no attempt starts after it ('deadline')
+    deadline: datetime | None = None
+    #: a handler that stops calling ctx.heartbeat() for this long is hung
+    heartbeat_timeout_ms: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
@@ -225,4 +266,10 @@ class Job:
             result=row.get("result"),
             cancel_requested=bool(row.get("cancel_requested") or False),
             request_hash=row.get("request_hash"),
+            workflow_id=None if row.get("workflow_id") is None else int(row["workflow_id"]),
+            node=row.get("node"),
+            pending_deps=int(row.get("pending_deps") or 0),
+            start_by=row.get("start_by"),
+            deadline=row.get("deadline"),
+            heartbeat_timeout_ms=row.get("heartbeat_timeout_ms"),
         )

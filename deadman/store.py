@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
@@ -67,6 +67,13 @@ class NewJob:
     backoff: Backoff = field(default_factory=Backoff)
     timeout_ms: int | None = None
     idempotency_key: str | None = None
+    #: ids of jobs that must succeed first (the job waits; see job_deps_lock)
+    depends_on: tuple[int, ...] = ()
+    #: schedule-to-start: not started by then, the job ends dead ('expired')
+    start_by: datetime | None = None
+    #: total across retries: no attempt starts after it ('deadline')
+    deadline: datetime | None = None
+    heartbeat_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
         validate_type(self.type)
@@ -86,6 +93,26 @@ class NewJob:
             raise InvalidJob(f"timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
         if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
             raise InvalidJob("idempotency_key must be 1-255 characters")
+        for name in ("start_by", "deadline"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise InvalidJob(f"{name} must carry a time zone")
+        if self.heartbeat_timeout_ms is not None and not (
+            0 < self.heartbeat_timeout_ms <= MAX_TIMEOUT_MS
+        ):
+            raise InvalidJob(f"heartbeat timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise InvalidJob("depends_on names a job twice")
+
+    @property
+    def has_extras(self) -> bool:
+        """Uses a field that only the single-job insert (and workflows) support."""
+        return bool(
+            self.depends_on
+            or self.start_by is not None
+            or self.deadline is not None
+            or self.heartbeat_timeout_ms is not None
+        )
 
     def request_hash(self) -> str:
         """A fingerprint of what was asked, to tell a replay from a different request."""
@@ -100,10 +127,28 @@ class NewJob:
             "backoff": self.backoff.to_json(),
             "timeout_ms": self.timeout_ms,
         }
+        # Only when given: the hashes of jobs that do not use them stay as they were.
+        if self.depends_on:
+            body["depends_on"] = list(self.depends_on)
+        for name in ("start_by", "deadline"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value.astimezone(UTC).isoformat()
+        if self.heartbeat_timeout_ms is not None:
+            body["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
         raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()
 
-    def params(self, default_max_attempts: int, request_hash: str | None = None) -> dict[str, Any]:
+    def params(
+        self,
+        default_max_attempts: int,
+        request_hash: str | None = None,
+        *,
+        pending_deps: int = 0,
+        upstream_error: str | None = None,
+    ) -> dict[str, Any]:
+        """job_insert's parameters; ``pending_deps``/``upstream_error`` come from
+        job_deps_lock (see :func:`deps_verdict`)."""
         return {
             "type": self.type,
             "queue": self.queue,
@@ -116,7 +161,37 @@ class NewJob:
             "timeout_ms": self.timeout_ms,
             "idempotency_key": self.idempotency_key,
             "request_hash": request_hash,
+            "pending_deps": pending_deps,
+            "upstream_error": upstream_error,
+            "start_by": self.start_by,
+            "deadline": self.deadline,
+            "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
         }
+
+
+def deps_verdict(wanted: Sequence[int], rows: Sequence[Any]) -> tuple[int, str | None]:
+    """From job_deps_lock's rows: (dependencies not yet succeeded, the reason to be
+    born cancelled if one already ended dead or cancelled). Unknown ids: InvalidJob."""
+    found = {int(r["id"]): r for r in rows}
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise UnknownDependency(missing)
+    pending = sum(1 for r in found.values() if r["state"] != JobState.SUCCEEDED.value)
+    failed = sorted(
+        (i, r) for i, r in found.items() if r["state"] in (JobState.DEAD, JobState.CANCELLED)
+    )
+    if failed:
+        _, row = failed[0]
+        return 0, f"upstream {row['name']} {row['state']}"
+    return pending, None
+
+
+class UnknownDependency(InvalidJob):
+    """``depends_on`` names jobs that do not exist (or were pruned)."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        super().__init__("depends_on names unknown jobs: " + ", ".join(map(str, ids)))
+        self.ids = tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -183,6 +258,23 @@ class Rescued:
     id: int
     state: JobState
     queue: str
+    #: the job and the lease that lapsed, for the log line (absent: not known)
+    type: str = ""
+    attempt: int = 0
+    lease_token: int = 0
+    worker: str = ""
+
+    @classmethod
+    def from_row(cls, r: DictRow) -> Rescued:
+        return cls(
+            int(r["id"]),
+            JobState(r["state"]),
+            r["queue"],
+            r.get("type") or "",
+            int(r.get("attempt") or 0),
+            int(r.get("lease_token") or 0),
+            r.get("lease_worker") or "",
+        )
 
 
 def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
@@ -225,6 +317,10 @@ def _ms(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds() * 1000.0
 
 
+#: Finished jobs of one state are counted exactly up to this many, then estimated.
+FINISHED_COUNT_CAP = 10_000
+
+
 @dataclass(frozen=True)
 class ListParams:
     """One page of the job listing: filters (None: any) and the keyset cursor."""
@@ -250,6 +346,53 @@ class BatchInserted:
     created: tuple[bool, ...]
     mismatched: tuple[int, ...] = ()
     vanished: tuple[int, ...] = ()
+
+
+def refuse_extras(jobs: Sequence[NewJob]) -> None:
+    """Batches (COPY and POST /jobs/batch) do not carry depends_on or the new deadlines
+    yet; refusing beats silently dropping them."""
+    for i, job in enumerate(jobs):
+        if job.has_extras:
+            raise InvalidJob(
+                f"job {i}: depends_on, start_by, deadline and heartbeat_timeout_ms are "
+                "only supported by single enqueues and workflows"
+            )
+
+
+@dataclass(frozen=True)
+class NewWorkflow:
+    """A validated DAG: node names unique, edges between known nodes, no cycle."""
+
+    name: str
+    nodes: tuple[tuple[str, NewJob], ...]
+    edges: tuple[tuple[str, str], ...]  # (from, to): `to` waits for `from`
+
+
+def workflow_nodes_params(wf: NewWorkflow, default_max_attempts: int) -> dict[str, Any]:
+    indegree = {name: 0 for name, _ in wf.nodes}
+    outgoing: set[str] = set()
+    for src, dst in wf.edges:
+        indegree[dst] += 1
+        outgoing.add(src)
+    jobs = [j for _, j in wf.nodes]
+    return {
+        "ords": list(range(len(jobs))),
+        "nodes": [name for name, _ in wf.nodes],
+        "types": [j.type for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "payloads": [Jsonb(j.payload) for j in jobs],
+        "max_attempts": [j.max_attempts or default_max_attempts for j in jobs],
+        "backoffs": [Jsonb(j.backoff.to_json()) for j in jobs],
+        "timeouts_ms": [j.timeout_ms for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "delays_ms": [j.delay_ms for j in jobs],
+        "pending": [indegree[name] for name, _ in wf.nodes],
+        "has_dependents": [name in outgoing for name, _ in wf.nodes],
+        "start_bys": [j.start_by for j in jobs],
+        "deadlines": [j.deadline for j in jobs],
+        "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
+    }
 
 
 def batch_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, Any]:
@@ -368,6 +511,8 @@ class AsyncStore:
     # -- enqueue and read ----------------------------------------------------------
 
     async def job_insert(self, job: NewJob, default_max_attempts: int) -> Job | None:
+        if job.depends_on:
+            return await self._job_insert_with_deps(job, default_max_attempts)
         # Without an idempotency key a retry after a lost COMMIT acknowledgement would
         # insert the job twice, so only keyed inserts are retried.
         rows = await self._all(
@@ -376,6 +521,30 @@ class AsyncStore:
             retry_s=None if job.idempotency_key else 0,
         )
         return Job.from_row(rows[0]) if rows else None
+
+    async def _job_insert_with_deps(self, job: NewJob, default_max_attempts: int) -> Job | None:
+        """Lock the dependencies, insert the job, insert its edges: one transaction."""
+        deps = list(job.depends_on)
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(QUERIES["job_deps_lock"], {"ids": deps})
+                pending, upstream = deps_verdict(deps, await cur.fetchall())
+                cur = await conn.execute(
+                    QUERIES["job_insert"],
+                    job.params(
+                        default_max_attempts,
+                        job.request_hash(),
+                        pending_deps=pending,
+                        upstream_error=upstream,
+                    ),
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                await conn.execute(
+                    QUERIES["job_deps_insert"], {"job_id": row["id"], "depends_on": deps}
+                )
+                return Job.from_row(row)
 
     async def job_get(self, job_id: int) -> Job | None:
         rows = await self._all("job_get", {"id": job_id})
@@ -460,10 +629,11 @@ class AsyncStore:
                         "limit": p.limit,
                     },
                 )
-                return [
-                    Rescued(int(r["id"]), JobState(r["state"]), r["queue"])
-                    for r in await cur.fetchall()
-                ]
+                rows = await cur.fetchall()
+                # start_by / deadline passed before the job started: dead, not run
+                cur = await conn.execute(QUERIES["job_expire"], {"limit": p.limit})
+                rows += await cur.fetchall()
+                return [Rescued.from_row(r) for r in rows]
 
     async def job_prune_finished(self, p: PruneParams) -> int:
         rows = await self._all(
@@ -509,6 +679,7 @@ class AsyncStore:
         not, the whole transaction is rolled back and its index is reported in
         ``mismatched``. Keys must be unique within ``jobs`` (the caller checks).
         """
+        refuse_extras(jobs)
         params = batch_params(jobs, default_max_attempts)
         keys = [j.idempotency_key for j in jobs if j.idempotency_key is not None]
         # A replayed row deleted by retention between our two statements would look
@@ -549,6 +720,48 @@ class AsyncStore:
         rows = await self._all("job_cancel", {"id": job_id})
         return Job.from_row(rows[0]) if rows else None
 
+    # -- workflows -------------------------------------------------------------------
+
+    async def workflow_insert(
+        self, wf: NewWorkflow, default_max_attempts: int
+    ) -> tuple[DictRow, list[Job]]:
+        """The workflow, its nodes and its edges in one transaction."""
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    QUERIES["workflow_insert"], {"name": wf.name, "nodes": len(wf.nodes)}
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                params = workflow_nodes_params(wf, default_max_attempts)
+                params["workflow_id"] = row["id"]
+                await conn.execute(QUERIES["workflow_nodes_insert"], params)
+                await conn.execute(
+                    QUERIES["workflow_edges_insert"],
+                    {
+                        "workflow_id": row["id"],
+                        "froms": [a for a, _ in wf.edges],
+                        "tos": [b for _, b in wf.edges],
+                    },
+                )
+                cur = await conn.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
+                return row, [Job.from_row(r) for r in await cur.fetchall()]
+
+    async def workflow_get(self, workflow_id: int) -> tuple[DictRow, list[Job]] | None:
+        """The workflow row and its nodes (one snapshot: read in one transaction)."""
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(QUERIES["workflow_get"], {"id": workflow_id})
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                cur = await conn.execute(QUERIES["workflow_nodes"], {"id": workflow_id})
+                return row, [Job.from_row(r) for r in await cur.fetchall()]
+
+    async def workflow_cancel(self, workflow_id: int) -> list[DictRow]:
+        """Cancel the unfinished nodes; returns (id, state) of those it touched."""
+        return await self._all("workflow_cancel", {"id": workflow_id})
+
     async def job_retry(self, job_id: int) -> Job | None:
         rows = await self._all("job_retry", {"id": job_id})
         return Job.from_row(rows[0]) if rows else None
@@ -568,8 +781,32 @@ class AsyncStore:
     async def worker_list(self, ttl_ms: int) -> list[DictRow]:
         return await self._all("worker_list", {"ttl_ms": ttl_ms})
 
-    async def stats_get(self) -> list[DictRow]:
-        return await self._all("stats_get", {})
+    async def job_counts_finished(self, cap: int = FINISHED_COUNT_CAP) -> list[DictRow]:
+        """(state, n, estimated) for succeeded, dead, cancelled: exact up to ``cap``."""
+        return await self._all("job_counts_finished", {"cap": cap})
+
+    # -- operating (CLI, dashboard, metrics) ---------------------------------------
+
+    async def job_retry_dead_many(
+        self, type: str | None, queue: str | None, batch: int = 1000
+    ) -> list[int]:
+        """Replay every dead job matching the filters (None: any), ``batch`` rows per
+        transaction; returns the replayed ids. Unprepared, as job_list."""
+        done: list[int] = []
+        after: int | None = None
+        while True:
+            params = {"type": type, "queue": queue, "after": after, "limit": batch}
+            with translate():
+                async with self.pool.connection() as conn:
+                    cur = await conn.execute(QUERIES["job_retry_dead_many"], params, prepare=False)
+                    ids = [int(r["id"]) for r in await cur.fetchall()]
+            done += ids
+            if len(ids) < batch:
+                return done
+            after = ids[-1]
+
+    async def throughput_recent(self, minutes: int) -> list[DictRow]:
+        return await self._all("throughput_recent", {"minutes": minutes})
 
     async def schema_version_get(self) -> int | None:
         rows = await self._all("schema_version_get", {})
@@ -584,10 +821,41 @@ class SyncStore:
     """Sync access on a connection the caller owns (and whose transaction it controls)."""
 
     def job_insert(self, conn: SyncConn, job: NewJob, default_max_attempts: int) -> Job | None:
+        """With depends_on, needs a transaction (the caller's, else one of its own)."""
+        if not job.depends_on:
+            with translate(), conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(
+                    QUERIES["job_insert"], job.params(default_max_attempts, job.request_hash())
+                )
+                row = cur.fetchone()
+                return Job.from_row(row) if row else None
+        if conn.autocommit:
+            with conn.transaction():
+                return self._job_insert_with_deps(conn, job, default_max_attempts)
+        # Inside the caller's transaction: theirs to commit or roll back.
+        return self._job_insert_with_deps(conn, job, default_max_attempts)
+
+    def _job_insert_with_deps(
+        self, conn: SyncConn, job: NewJob, default_max_attempts: int
+    ) -> Job | None:
+        deps = list(job.depends_on)
         with translate(), conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(QUERIES["job_insert"], job.params(default_max_attempts, job.request_hash()))
+            cur.execute(QUERIES["job_deps_lock"], {"ids": deps})
+            pending, upstream = deps_verdict(deps, cur.fetchall())
+            cur.execute(
+                QUERIES["job_insert"],
+                job.params(
+                    default_max_attempts,
+                    job.request_hash(),
+                    pending_deps=pending,
+                    upstream_error=upstream,
+                ),
+            )
             row = cur.fetchone()
-            return Job.from_row(row) if row else None
+            if row is None:
+                return None
+            cur.execute(QUERIES["job_deps_insert"], {"job_id": row["id"], "depends_on": deps})
+            return Job.from_row(row)
 
     def job_get_by_idempotency_key(self, conn: SyncConn, key: str) -> Job | None:
         with translate(), conn.cursor(row_factory=dict_row) as cur:
@@ -608,6 +876,7 @@ class SyncStore:
 
         Must run inside a transaction (the staging table empties at commit).
         """
+        refuse_extras(jobs)
         with translate(), conn.cursor() as cur:
             cur.execute(QUERIES["job_stage_prepare"])
             cur.execute(QUERIES["job_stage_clear"])
@@ -633,7 +902,8 @@ class SyncStore:
             return [int(r[0]) for r in cur.fetchall()]
 
     def job_finish_in(self, conn: SyncConn, finishes: Sequence[Finish]) -> set[int]:
-        with translate(), conn.cursor() as cur:
+        # tuple rows whatever the connection's row factory
+        with translate(), conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(QUERIES["job_finish_many"], finish_params(finishes))
             return {int(r[0]) for r in cur.fetchall()}
 

@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from deadman.api import routes_jobs, routes_ops
+from deadman.api import routes_jobs, routes_ops, routes_workflows, ui
 from deadman.api.auth import BearerAuth
 from deadman.api.limits import BodyLimit
 from deadman.api.problems import EXCEPTION_HANDLERS
@@ -75,7 +75,7 @@ def create_app(
             await store.close()
 
     app = Starlette(
-        routes=[*routes_jobs.ROUTES, *routes_ops.ROUTES],
+        routes=[*routes_jobs.ROUTES, *routes_ops.ROUTES, *routes_workflows.ROUTES, ui.MOUNT],
         middleware=[
             Middleware(RequestMetrics),
             Middleware(BearerAuth, token=settings.api_token),

@@ -22,6 +22,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from deadman.api.problems import Problem
 
 OPEN_PATHS = frozenset({"/health"})
+#: The dashboard checks the same token itself (header, or the cookie its sign-in form
+#: sets: a browser cannot send the header), see deadman/api/ui/routes.py.
+OWN_AUTH_PREFIX = "/ui"
 
 
 class BearerAuth:
@@ -32,7 +35,14 @@ class BearerAuth:
         self._digest = None if token is None else hashlib.sha256(token.encode()).digest()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._digest is None or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if (
+            scope["type"] != "http"
+            or self._digest is None
+            or path in OPEN_PATHS
+            or path == OWN_AUTH_PREFIX
+            or path.startswith(OWN_AUTH_PREFIX + "/")
+        ):
             await self.app(scope, receive, send)
             return
         header = Headers(scope=scope).get("authorization")

@@ -15,13 +15,15 @@ from deadman.api import schema
 from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.config import Settings
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import MAX_DELAY_MS, MAX_TIMEOUT_MS
+from deadman.store import FINISHED_COUNT_CAP, MAX_DELAY_MS, MAX_TIMEOUT_MS
 
 NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
 ID_PATTERN = "^[1-9][0-9]{0,18}$"
 KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,255}$"
 HEADER_KEY_PATTERN = "^[\\x21-\\x7e]([\\x20-\\x7e]{0,253}[\\x21-\\x7e])?$"
 STATES = [s.value for s in JobState]
+LIVE_STATES = [s.value for s in JobState if not s.terminal]
+TERMINAL_STATES = [s.value for s in JobState if s.terminal]
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -99,6 +101,178 @@ def _new_job_properties() -> dict[str, Any]:
     }
 
 
+def _deadline_properties() -> dict[str, Any]:
+    return {
+        "start_by": {
+            **_DATETIME,
+            "description": "Schedule-to-start: a job not started by then ends dead with "
+            "last_error `expired`, without running.",
+        },
+        "deadline": {
+            **_DATETIME,
+            "description": "Total, across retries: no attempt starts after it; the job then "
+            "ends dead with last_error `deadline`.",
+        },
+        "heartbeat_timeout_ms": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_TIMEOUT_MS,
+            "description": "A handler that stops calling ctx.heartbeat() for this long is "
+            "treated as hung: its attempt ends timed_out and the job retries as usual.",
+        },
+    }
+
+
+def _depends_on() -> dict[str, Any]:
+    return {
+        "depends_on": {
+            "type": "array",
+            "items": {"type": "string", "pattern": ID_PATTERN},
+            "maxItems": schema.MAX_DEPENDS_ON,
+            "uniqueItems": True,
+            "description": "Ids of jobs that must succeed first; the job is `waiting` until "
+            "then, and cancelled (`upstream job <id> <state>`) if one ends dead or cancelled. "
+            "An unknown id is 422.",
+        }
+    }
+
+
+def _workflow_schemas() -> dict[str, Any]:
+    node_props = {
+        "name": {**_NAME, "description": "Unique within the workflow; edges use it."},
+        **_new_job_properties(),
+        **_deadline_properties(),
+    }
+    return {
+        "NewWorkflow": {
+            "type": "object",
+            "properties": {
+                "name": {
+                    "type": "string",
+                    "pattern": "^[^\\u0000-\\u001f\\u007f]{1,128}$",
+                    "minLength": 1,
+                    "maxLength": 128,
+                },
+                "nodes": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": schema.MAX_NODES,
+                    "items": {
+                        "type": "object",
+                        "properties": node_props,
+                        "required": ["name", "type"],
+                        "additionalProperties": False,
+                        "not": {"required": ["run_at", "delay_ms"]},
+                    },
+                },
+                "edges": {
+                    "type": "array",
+                    "maxItems": schema.MAX_EDGES,
+                    "description": "`to` runs after `from` succeeded. Unknown node names, "
+                    "repeated edges and cycles are 422.",
+                    "items": {
+                        "type": "object",
+                        "properties": {"from": _NAME, "to": _NAME},
+                        "required": ["from", "to"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "required": ["name", "nodes"],
+            "additionalProperties": False,
+        },
+        "Workflow": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "pattern": ID_PATTERN},
+                "name": {"type": "string"},
+                "state": {"enum": ["running", "succeeded", "failed", "cancelled"]},
+                "created_at": _DATETIME,
+                "finished_at": _DATETIME_OR_NULL,
+                "nodes": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "job_id": {"type": "string", "pattern": ID_PATTERN},
+                            "state": {"enum": STATES},
+                            "last_error": {"type": ["string", "null"]},
+                        },
+                        "required": ["name", "job_id", "state", "last_error"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "required": ["id", "name", "state", "created_at", "finished_at", "nodes"],
+            "additionalProperties": False,
+        },
+    }
+
+
+def _workflow_paths() -> dict[str, Any]:
+    wf = _ref("Workflow")
+    wf_id = {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": ID_PATTERN},
+    }
+    return {
+        "/workflows": {
+            "post": {
+                "operationId": "createWorkflow",
+                "summary": "Submit a workflow (a DAG of jobs)",
+                "description": "Every node is created in one transaction. Nodes with "
+                "dependencies are `waiting` until all of them succeeded; when one ends dead "
+                "or cancelled, everything downstream is cancelled (`upstream <name> "
+                "<state>`).",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NewWorkflow")}},
+                },
+                "responses": {
+                    "201": _json(wf, "Created."),
+                    **_responses(
+                        "MalformedJson",
+                        "Unauthorized",
+                        "ContentTooLarge",
+                        "UnsupportedMediaType",
+                        "Unprocessable",
+                        "QueueFull",
+                        "Unavailable",
+                    ),
+                },
+            }
+        },
+        "/workflows/{id}": {
+            "get": {
+                "operationId": "getWorkflow",
+                "summary": "A workflow's state and each node's state",
+                "parameters": [wf_id],
+                "responses": {
+                    "200": _json(wf, "The workflow."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/workflows/{id}/cancel": {
+            "post": {
+                "operationId": "cancelWorkflow",
+                "summary": "Cancel every unfinished node",
+                "description": "200 when the workflow is finished (now or before); 202 "
+                "while running nodes are being told to stop.",
+                "parameters": [wf_id],
+                "responses": {
+                    "200": _json(wf, "Finished."),
+                    "202": _json(wf, "Cancellation requested from running nodes."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+    }
+
+
 def _schemas() -> dict[str, Any]:
     not_both = {"not": {"required": ["run_at", "delay_ms"]}}
     counts = {
@@ -159,7 +333,7 @@ def _schemas() -> dict[str, Any]:
         },
         "NewJob": {
             "type": "object",
-            "properties": _new_job_properties(),
+            "properties": {**_new_job_properties(), **_deadline_properties(), **_depends_on()},
             "required": ["type"],
             "additionalProperties": False,
             **not_both,
@@ -232,6 +406,11 @@ def _schemas() -> dict[str, Any]:
                 "idempotency_key": {"type": ["string", "null"]},
                 "lease": {"anyOf": [{"type": "null"}, _ref("Lease")]},
                 "result": {"description": "What the handler returned (any JSON), or null."},
+                "workflow_id": {"type": ["string", "null"], "pattern": ID_PATTERN},
+                "node": {"type": ["string", "null"]},
+                "start_by": _DATETIME_OR_NULL,
+                "deadline": _DATETIME_OR_NULL,
+                "heartbeat_timeout_ms": {"type": ["integer", "null"], "minimum": 1},
             },
             "required": [
                 "id",
@@ -250,6 +429,11 @@ def _schemas() -> dict[str, Any]:
                 "idempotency_key",
                 "lease",
                 "result",
+                "workflow_id",
+                "node",
+                "start_by",
+                "deadline",
+                "heartbeat_timeout_ms",
             ],
             "additionalProperties": False,
         },
@@ -300,14 +484,28 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
         },
         "Counts": counts,
+        "LiveCounts": {
+            "type": "object",
+            "description": "Exact number of unfinished jobs in each unfinished state; "
+            "every such state is present.",
+            "properties": {s: _COUNT for s in LIVE_STATES},
+            "required": LIVE_STATES,
+            "additionalProperties": False,
+        },
         "Queue": {
             "type": "object",
             "properties": {
                 "name": {"type": "string"},
                 "paused": {"type": "boolean"},
-                "counts": _ref("Counts"),
+                "counts": _ref("LiveCounts"),
+                "oldest_due_age_s": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "description": "Seconds the oldest due (claimable) job has waited; "
+                    "null when no job is due.",
+                },
             },
-            "required": ["name", "paused", "counts"],
+            "required": ["name", "paused", "counts", "oldest_due_age_s"],
             "additionalProperties": False,
         },
         "Queues": {
@@ -356,9 +554,16 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "jobs": _ref("Counts"),
                 "total": _COUNT,
-                "queues": {"type": "object", "additionalProperties": _ref("Counts")},
+                "estimated": {
+                    "type": "array",
+                    "items": {"enum": TERMINAL_STATES},
+                    "description": "The states whose count in `jobs` is an estimate "
+                    "(a finished state with more jobs than the exact-count cap); when "
+                    "non-empty, `total` is an estimate too.",
+                },
+                "queues": {"type": "object", "additionalProperties": _ref("LiveCounts")},
             },
-            "required": ["jobs", "total", "queues"],
+            "required": ["jobs", "total", "estimated", "queues"],
             "additionalProperties": False,
         },
     }
@@ -586,8 +791,9 @@ def _paths() -> dict[str, Any]:
                 "operationId": "cancelJob",
                 "summary": "Cancel a job",
                 "description": "Not yet running: cancelled at once (200). Running: 202, "
-                "cancellation requested; the worker's next heartbeat tells the handler. "
-                "Already finished: 409.",
+                "cancellation requested; the worker hears it at once by NOTIFY (or at its "
+                "next heartbeat at the latest) and stops the handler. Already finished "
+                "(a handler that completed first stays succeeded): 409.",
                 "parameters": [_job_id_param()],
                 "responses": {
                     "200": _json(job, "Cancelled."),
@@ -612,10 +818,11 @@ def _paths() -> dict[str, Any]:
         "/queues": {
             "get": {
                 "operationId": "listQueues",
-                "summary": "Queues with job counts by state",
-                "description": "Every queue a job names or that was paused/resumed. Counts "
-                "are exact, from an index-only scan: cheap, but proportional to the number "
-                "of job rows (which retention bounds).",
+                "summary": "Queues with their unfinished jobs by state",
+                "description": "Every queue with unfinished jobs or that was "
+                "paused/resumed. Counts are exact and read only unfinished rows, so they "
+                "cost in proportion to the backlog, not to the finished jobs retention "
+                "keeps; finished jobs are counted in total by GET /stats.",
                 "responses": {
                     "200": _json(_ref("Queues"), "The queues, by name."),
                     **_responses("Unauthorized", "Unavailable"),
@@ -659,8 +866,13 @@ def _paths() -> dict[str, Any]:
         "/stats": {
             "get": {
                 "operationId": "getStats",
-                "summary": "Job counts by state, in total and per queue",
-                "description": "Exact counts; the same cost note as GET /queues.",
+                "summary": "Job counts by state in total, unfinished ones per queue",
+                "description": "Unfinished states are exact (as GET /queues). Finished "
+                f"states (succeeded, dead, cancelled) are counted exactly up to "
+                f"{FINISHED_COUNT_CAP} each "
+                "and estimated beyond (pg_class.reltuples x pg_stats frequency, as fresh "
+                "as the last ANALYZE): `estimated` names those states. Never scans the "
+                "table, however many finished jobs it holds.",
                 "responses": {
                     "200": _json(_ref("Stats"), "The counts."),
                     **_responses("Unauthorized", "Unavailable"),
@@ -758,9 +970,9 @@ def document(settings: Settings) -> dict[str, Any]:
                 else "Authentication is off (DEADMAN_API_TOKEN unset)."
             ),
         },
-        "paths": _paths(),
+        "paths": {**_paths(), **_workflow_paths()},
         "components": {
-            "schemas": _schemas(),
+            "schemas": {**_schemas(), **_workflow_schemas()},
             "responses": _shared_responses(settings),
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
         },

@@ -15,6 +15,7 @@ from deadman.api.problems import Problem, validation
 from deadman.api.serialize import attempt_json, job_json
 from deadman.api.state import api_state
 from deadman.model import JobState
+from deadman.store import UnknownDependency
 
 
 async def create_job(request: Request) -> Response:
@@ -27,7 +28,10 @@ async def create_job(request: Request) -> Response:
     key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
     new = schema.parse_new_job(await schema.read_json(request), idempotency_key=key)
     await check_queue_depth(state.store, state.settings.max_queue_depth, [new])
-    done = await submit(state.store, new, state.settings.max_attempts)
+    try:
+        done = await submit(state.store, new, state.settings.max_attempts)
+    except UnknownDependency as exc:
+        raise validation([{"field": "depends_on", "message": str(exc)}]) from None
     headers = {"Location": f"/jobs/{done.job.id}"}
     if done.replayed:
         headers["Idempotent-Replayed"] = "true"

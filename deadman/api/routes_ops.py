@@ -1,10 +1,16 @@
 """The operator endpoints: queues (pause/resume), workers, stats, and the probes
-(health, ready, metrics) plus the OpenAPI document."""
+(health, ready, metrics) plus the OpenAPI document.
+
+Counting stays cheap however big the jobs table grows: unfinished jobs (the backlog)
+are counted exactly, per queue and state, by reading only their rows; finished jobs
+(millions, kept by retention) only in total per state, exactly up to a cap and past
+it from the planner's statistics, and every such number says it is an estimate.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -16,9 +22,56 @@ from starlette.routing import Route
 from deadman.api import schema
 from deadman.api.openapi import document
 from deadman.api.problems import Problem
-from deadman.api.serialize import queue_json, stats_json, worker_json
+from deadman.api.serialize import STATES, worker_json
 from deadman.api.state import ApiState, api_state
 from deadman.errors import DatabaseUnavailable
+from deadman.model import JobState
+from deadman.store import FINISHED_COUNT_CAP
+
+LIVE_STATES: tuple[str, ...] = tuple(s.value for s in JobState if not s.terminal)
+FINISHED_STATES: tuple[str, ...] = tuple(s.value for s in JobState if s.terminal)
+
+
+def live_counts_json(counts: Mapping[str, Any] | None) -> dict[str, int]:
+    """Every unfinished state present, zero when no job is in it."""
+    got = counts or {}
+    return {state: int(got.get(state, 0)) for state in LIVE_STATES}
+
+
+def queue_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue_list / queue_set_paused row: exact counts of its unfinished jobs and
+    how long its oldest due job has waited (null when none is due)."""
+    oldest = row["oldest_due_at"]
+    age = None if oldest is None else max(0.0, (row["now"] - oldest).total_seconds())
+    return {
+        "name": row["name"],
+        "paused": bool(row["paused"]),
+        "counts": live_counts_json(row["counts"]),
+        "oldest_due_age_s": age,
+    }
+
+
+def stats_json(
+    queues: Iterable[Mapping[str, Any]], finished: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Totals by state (``estimated`` names the states whose count is an estimate, and
+    then ``total`` is one too) and the unfinished counts per queue."""
+    per_queue = {str(q["name"]): live_counts_json(q["counts"]) for q in queues}
+    totals: dict[str, int] = dict.fromkeys(STATES, 0)
+    for counts in per_queue.values():
+        for state, n in counts.items():
+            totals[state] += n
+    estimated: list[str] = []
+    for row in finished:
+        totals[str(row["state"])] = int(row["n"])
+        if row["estimated"]:
+            estimated.append(str(row["state"]))
+    return {
+        "jobs": totals,
+        "total": sum(totals.values()),
+        "estimated": sorted(estimated),
+        "queues": per_queue,
+    }
 
 
 async def list_queues(request: Request) -> Response:
@@ -49,8 +102,9 @@ async def list_workers(request: Request) -> Response:
 
 
 async def stats(request: Request) -> Response:
-    rows = await api_state(request).store.stats_get()
-    return JSONResponse(stats_json(rows))
+    store = api_state(request).store
+    queues = await store.queue_list()
+    return JSONResponse(stats_json(queues, await store.job_counts_finished()))
 
 
 async def health(request: Request) -> Response:
@@ -73,27 +127,61 @@ async def ready(request: Request) -> Response:
 
 
 class _JobGauges:
-    """Job counts as Prometheus gauges, computed from one query at scrape time (a
-    plain object with ``collect``: what CollectorRegistry.register asks for)."""
+    """Job gauges computed at scrape time from two cheap queries (a plain object with
+    ``collect``: what CollectorRegistry.register asks for)."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]] | None) -> None:
-        self._rows = rows
+    def __init__(
+        self,
+        queues: Sequence[Mapping[str, Any]] | None,
+        finished: Sequence[Mapping[str, Any]] | None,
+    ) -> None:
+        self._queues = queues
+        self._finished = finished
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
-            "deadman_api_database_up", "1 if the database answered this scrape's query"
+            "deadman_api_database_up", "1 if the database answered this scrape's queries"
         )
-        up.add_metric([], 0 if self._rows is None else 1)
+        up.add_metric([], 0 if self._queues is None or self._finished is None else 1)
         yield up
-        if self._rows is None:
+        if self._queues is None or self._finished is None:
             return
         jobs = GaugeMetricFamily(
-            "deadman_jobs", "Jobs by queue and state at scrape time", labels=["queue", "state"]
+            "deadman_jobs",
+            "Unfinished jobs by queue and state (exact, at scrape time)",
+            labels=["queue", "state"],
         )
-        for queue, counts in stats_json(self._rows)["queues"].items():
-            for job_state, n in counts.items():
-                jobs.add_metric([queue, job_state], n)
-        yield jobs
+        oldest = GaugeMetricFamily(
+            "deadman_queue_oldest_due_age_seconds",
+            "How long the oldest due (claimable) job of the queue has waited; 0 if none",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "deadman_queue_paused", "1 if the queue is paused", labels=["queue"]
+        )
+        for row in self._queues:
+            q = queue_json(row)
+            for job_state, n in q["counts"].items():
+                jobs.add_metric([q["name"], job_state], n)
+            oldest.add_metric([q["name"]], q["oldest_due_age_s"] or 0.0)
+            paused.add_metric([q["name"]], 1 if q["paused"] else 0)
+        finished = GaugeMetricFamily(
+            "deadman_jobs_finished",
+            f"Finished jobs by state, all queues. ESTIMATE above {FINISHED_COUNT_CAP}: "
+            "exact up to that many, beyond it the planner's estimate (pg_class.reltuples "
+            "scaled to the table's size x the state's pg_stats frequency, as fresh as the "
+            "last ANALYZE); deadman_jobs_finished_estimated says which",
+            labels=["state"],
+        )
+        estimated = GaugeMetricFamily(
+            "deadman_jobs_finished_estimated",
+            "1 if deadman_jobs_finished for this state is an estimate, 0 if exact",
+            labels=["state"],
+        )
+        for row in self._finished:
+            finished.add_metric([str(row["state"])], int(row["n"]))
+            estimated.add_metric([str(row["state"])], 1 if row["estimated"] else 0)
+        yield from (jobs, oldest, paused, finished, estimated)
 
 
 async def metrics(request: Request) -> Response:
@@ -101,12 +189,14 @@ async def metrics(request: Request) -> Response:
     scrape (Prometheus would lose the process metrics too): the gauges are left out
     and ``deadman_api_database_up`` says 0."""
     state: ApiState = request.app.state.deadman
-    rows: Sequence[Mapping[str, Any]] | None = None
+    queues: Sequence[Mapping[str, Any]] | None = None
+    finished: Sequence[Mapping[str, Any]] | None = None
     if state.store is not None:  # None only while the server starts or stops
         with contextlib.suppress(DatabaseUnavailable):
-            rows = await state.store.stats_get()
+            queues = await state.store.queue_list()
+            finished = await state.store.job_counts_finished()
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_JobGauges(rows))
+    scrape.register(_JobGauges(queues, finished))
     body = generate_latest(REGISTRY) + generate_latest(scrape)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -25,8 +25,8 @@ from starlette.requests import Request
 
 from deadman.api.problems import FieldError, Problem, validation
 from deadman.errors import InvalidJob
-from deadman.model import QUEUE_RE, TYPE_RE, Backoff, JobState
-from deadman.store import MAX_DELAY_MS, MAX_TIMEOUT_MS, ListParams, NewJob
+from deadman.model import QUEUE_RE, TYPE_RE, Backoff, JobState, find_cycle
+from deadman.store import MAX_DELAY_MS, MAX_TIMEOUT_MS, ListParams, NewJob, NewWorkflow
 
 #: Deepest JSON nesting accepted in a body (the body object itself is level 1).
 MAX_DEPTH = 64
@@ -63,6 +63,15 @@ JOB_FIELDS = frozenset(
     }
 )
 BATCH_ITEM_FIELDS = JOB_FIELDS | {"idempotency_key"}
+#: Deadlines: single jobs and workflow nodes (batches do not carry them yet).
+DEADLINE_FIELDS = frozenset({"start_by", "deadline", "heartbeat_timeout_ms"})
+SINGLE_JOB_FIELDS = JOB_FIELDS | DEADLINE_FIELDS | {"depends_on"}
+NODE_FIELDS = JOB_FIELDS | DEADLINE_FIELDS | {"name"}
+WORKFLOW_FIELDS = frozenset({"name", "nodes", "edges"})
+EDGE_FIELDS = frozenset({"from", "to"})
+MAX_DEPENDS_ON = 100
+MAX_NODES = 1000
+MAX_EDGES = 10_000
 BACKOFF_FIELDS = frozenset({"strategy", "base_ms", "max_ms", "jitter"})
 STATE_NAMES = tuple(s.value for s in JobState)
 NAME_RULE = "must be 1-128 characters of A-Z a-z 0-9 _ . : -"
@@ -220,17 +229,31 @@ def parse_new_job(
 ) -> NewJob:
     """The body of ``POST /jobs`` (or one item of a batch) as a validated NewJob."""
     fields = _Fields()
-    job = _new_job(body, fields, idempotency_key=idempotency_key, batch_index=batch_index)
+    job = _new_job(
+        body,
+        fields,
+        idempotency_key=idempotency_key,
+        batch_index=batch_index,
+        allowed=SINGLE_JOB_FIELDS if batch_index is None else None,
+    )
     fields.raise_if_any()
     assert job is not None
     return job
 
 
 def _new_job(
-    body: Any, fields: _Fields, *, idempotency_key: str | None, batch_index: int | None
+    body: Any,
+    fields: _Fields,
+    *,
+    idempotency_key: str | None,
+    batch_index: int | None,
+    prefix: str | None = None,
+    allowed: frozenset[str] | None = None,
 ) -> NewJob | None:
-    prefix = "" if batch_index is None else f"jobs[{batch_index}]."
-    allowed = JOB_FIELDS if batch_index is None else BATCH_ITEM_FIELDS
+    if prefix is None:
+        prefix = "" if batch_index is None else f"jobs[{batch_index}]."
+    if allowed is None:
+        allowed = JOB_FIELDS if batch_index is None else BATCH_ITEM_FIELDS
     start = len(fields.errors)
     if not isinstance(body, dict):
         fields.add(prefix.rstrip(".") or "body", "must be a JSON object")
@@ -273,6 +296,20 @@ def _new_job(
     if "timeout_ms" in body:
         timeout_ms = fields.integer(body, "timeout_ms", prefix + "timeout_ms", 1, MAX_TIMEOUT_MS)
 
+    start_by = deadline = None
+    if "start_by" in body:
+        start_by = _rfc3339(body["start_by"], prefix + "start_by", fields)
+    if "deadline" in body:
+        deadline = _rfc3339(body["deadline"], prefix + "deadline", fields)
+    heartbeat_timeout_ms = None
+    if "heartbeat_timeout_ms" in body:
+        heartbeat_timeout_ms = fields.integer(
+            body, "heartbeat_timeout_ms", prefix + "heartbeat_timeout_ms", 1, MAX_TIMEOUT_MS
+        )
+    depends_on: tuple[int, ...] = ()
+    if "depends_on" in body:
+        depends_on = _job_ids(body["depends_on"], prefix + "depends_on", fields)
+
     key = idempotency_key
     if "idempotency_key" in body:
         key = body["idempotency_key"]
@@ -293,10 +330,107 @@ def _new_job(
             backoff=backoff,
             timeout_ms=timeout_ms,
             idempotency_key=key,
+            depends_on=depends_on,
+            start_by=start_by,
+            deadline=deadline,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
         )
     except InvalidJob as exc:  # a rule the model holds that we did not (defence in depth)
         fields.add(prefix.rstrip(".") or "body", str(exc))
         return None
+
+
+def _job_ids(value: Any, field: str, fields: _Fields) -> tuple[int, ...]:
+    """``depends_on``: up to MAX_DEPENDS_ON distinct job ids (strings, as the API gives
+    them out, or integers)."""
+    if not isinstance(value, list) or len(value) > MAX_DEPENDS_ON:
+        fields.add(field, f"must be an array of at most {MAX_DEPENDS_ON} job ids")
+        return ()
+    ids: list[int] = []
+    for i, item in enumerate(value):
+        raw = str(item) if isinstance(item, int) and not isinstance(item, bool) else item
+        if not isinstance(raw, str) or not ID_RE.match(raw) or int(raw) > MAX_BIGINT:
+            fields.add(f"{field}[{i}]", "must be a job id")
+        elif int(raw) in ids:
+            fields.add(f"{field}[{i}]", "repeats an earlier id")
+        else:
+            ids.append(int(raw))
+    return tuple(ids)
+
+
+def parse_workflow(body: Any) -> NewWorkflow:
+    """``POST /workflows``: a name, 1-1000 nodes with unique names, edges between
+    known nodes and no cycle. Each problem is a 422 naming its field."""
+    fields = _Fields()
+    if not isinstance(body, dict):
+        fields.add("body", "must be a JSON object with name, nodes and edges")
+        fields.raise_if_any()
+    for name in sorted(set(body) - WORKFLOW_FIELDS):
+        fields.add(name, "is not a field of a workflow")
+    wf_name = body.get("name")
+    if not isinstance(wf_name, str) or not 1 <= len(wf_name) <= 128 or _CONTROL.search(wf_name):
+        fields.add("name", "must be 1-128 characters, without control characters")
+    items = body.get("nodes")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_NODES:
+        fields.add("nodes", f"must be an array of 1 to {MAX_NODES} nodes")
+        fields.raise_if_any()
+    nodes: list[tuple[str, NewJob]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        prefix = f"nodes[{i}]."
+        node_name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(item, dict):
+            if not isinstance(node_name, str) or not TYPE_RE.fullmatch(node_name):
+                fields.add(prefix + "name", NAME_RULE)
+                node_name = None
+            elif node_name in seen:
+                fields.add(prefix + "name", f"repeats the name of nodes[{seen[node_name]}]")
+            else:
+                seen[node_name] = i
+        job = _new_job(
+            {k: v for k, v in item.items() if k != "name"} if isinstance(item, dict) else item,
+            fields,
+            idempotency_key=None,
+            batch_index=None,
+            prefix=prefix,
+            allowed=NODE_FIELDS,
+        )
+        if job is not None and isinstance(node_name, str):
+            nodes.append((node_name, job))
+    edges: list[tuple[str, str]] = []
+    raw_edges = body.get("edges", [])
+    if not isinstance(raw_edges, list) or len(raw_edges) > MAX_EDGES:
+        fields.add("edges", f"must be an array of at most {MAX_EDGES} edges")
+        raw_edges = []
+    seen_edges: set[tuple[str, str]] = set()
+    for i, edge in enumerate(raw_edges):
+        if not isinstance(edge, dict):
+            fields.add(f"edges[{i}]", "must be an object with from and to")
+            continue
+        for name in sorted(set(edge) - EDGE_FIELDS):
+            fields.add(f"edges[{i}].{name}", "is not a field of an edge")
+        ends: list[str] = []
+        for end in ("from", "to"):
+            value = edge.get(end)
+            if not isinstance(value, str) or value not in seen:
+                fields.add(f"edges[{i}].{end}", "must name a node")
+            else:
+                ends.append(value)
+        if len(ends) == 2:
+            pair = (ends[0], ends[1])
+            if pair[0] == pair[1]:
+                fields.add(f"edges[{i}]", "a node cannot depend on itself")
+            elif pair in seen_edges:
+                fields.add(f"edges[{i}]", "repeats an earlier edge")
+            else:
+                seen_edges.add(pair)
+                edges.append(pair)
+    fields.raise_if_any()
+    cycle = find_cycle([n for n, _ in nodes], edges)
+    if cycle:
+        fields.add("edges", "form a cycle: " + " -> ".join(cycle))
+        fields.raise_if_any()
+    return NewWorkflow(name=str(wf_name), nodes=tuple(nodes), edges=tuple(edges))
 
 
 def _backoff(value: Any, field: str, fields: _Fields) -> Backoff | None:

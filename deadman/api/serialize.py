@@ -48,6 +48,31 @@ def job_json(job: Job) -> dict[str, Any]:
         "idempotency_key": job.idempotency_key,
         "lease": lease,
         "result": job.result,
+        "workflow_id": None if job.workflow_id is None else str(job.workflow_id),
+        "node": job.node,
+        "start_by": rfc3339(job.start_by),
+        "deadline": rfc3339(job.deadline),
+        "heartbeat_timeout_ms": job.heartbeat_timeout_ms,
+    }
+
+
+def workflow_json(row: Mapping[str, Any], nodes: Iterable[Job]) -> dict[str, Any]:
+    """The workflow and each node's state (the full jobs are at /jobs/{id})."""
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "state": row["state"],
+        "created_at": rfc3339(row["created_at"]),
+        "finished_at": rfc3339(row["finished_at"]),
+        "nodes": [
+            {
+                "name": j.node,
+                "job_id": str(j.id),
+                "state": j.state.value,
+                "last_error": j.last_error,
+            }
+            for j in nodes
+        ],
     }
 
 

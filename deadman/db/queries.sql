@@ -34,20 +34,30 @@ SELECT to_regclass('deadman.schema_migrations') IS NOT NULL AS present;
 SELECT max(version) AS version FROM deadman.schema_migrations;
 
 -- name: job_insert
--- One job. A due job is 'queued', a future one 'scheduled'. With an idempotency key
--- that is already taken this inserts nothing and returns no row; the caller then
--- reads the existing job (ON CONFLICT waits for a concurrent inserter to finish, so
--- the existing row is visible to the next statement).
+-- One job. A due job is 'queued', a future one 'scheduled'; with %(pending_deps)s > 0
+-- (dependencies not yet succeeded, see job_deps_lock) it is 'waiting', and with
+-- %(upstream_error)s (a dependency already dead or cancelled) it is born 'cancelled'.
+-- With an idempotency key that is already taken this inserts nothing and returns no
+-- row; the caller then reads the existing job (ON CONFLICT waits for a concurrent
+-- inserter to finish, so the existing row is visible to the next statement).
 WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz,
                     now() + %(delay_ms)s::bigint * interval '1 millisecond') AS run_at
 )
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
-                          timeout_ms, run_at, idempotency_key, request_hash)
+                          timeout_ms, run_at, idempotency_key, request_hash,
+                          pending_deps, finished_at, last_error, start_by, deadline,
+                          heartbeat_timeout_ms)
 SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
-       CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
+            WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
+            WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
        %(max_attempts)s, %(backoff)s, %(timeout_ms)s, v.run_at,
-       %(idempotency_key)s, %(request_hash)s
+       %(idempotency_key)s, %(request_hash)s,
+       CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
+       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
+       %(upstream_error)s::text, %(start_by)s::timestamptz, %(deadline)s::timestamptz,
+       %(heartbeat_timeout_ms)s::integer
 FROM v
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -85,6 +95,23 @@ ORDER BY s.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
+-- name: job_deps_lock
+-- `depends_on` of a new job: mark its dependencies as having dependents and return
+-- their state. The UPDATE locks those rows until our commit and reads their latest
+-- committed state, so a dependency finishing at the same moment either finished
+-- first (we see it) or waits for our commit and then releases (or cancels) the new
+-- job through the jobs_state_changed trigger, which sees our job_deps rows.
+UPDATE deadman.jobs
+SET has_dependents = true
+WHERE id = ANY(%(ids)s::bigint[])
+RETURNING id, state, COALESCE(node, 'job ' || id) AS name;
+
+-- name: job_deps_insert
+-- The edges of a job inserted with depends_on (after job_deps_lock, same transaction).
+INSERT INTO deadman.job_deps (job_id, depends_on)
+SELECT %(job_id)s, d FROM unnest(%(depends_on)s::bigint[]) AS d
+ON CONFLICT DO NOTHING;
+
 -- name: job_get
 SELECT * FROM deadman.jobs WHERE id = %(id)s;
 
@@ -106,6 +133,9 @@ WITH candidates AS (
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
       AND rescues < %(quarantine_at)s  -- quarantined suspects run alone (below)
+      -- past start_by or deadline: never started; the rescuer ends them dead
+      AND (start_by IS NULL OR start_by > now())
+      AND (deadline IS NULL OR deadline > now())
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -134,6 +164,8 @@ WITH candidates AS (
       AND rescues >= %(quarantine_at)s
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+      AND (start_by IS NULL OR start_by > now())
+      AND (deadline IS NULL OR deadline > now())
     ORDER BY run_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -248,6 +280,10 @@ WHERE last_heartbeat_at < now() - %(older_than_ms)s::bigint * interval '1 millis
 -- The channel the insert trigger, rescues and releases notify (payload: queue name).
 LISTEN deadman_jobs;
 
+-- name: listen_cancel
+-- Cancels of running jobs (payload: the job id), sent by job_cancel and workflow_cancel.
+LISTEN deadman_cancel;
+
 -- name: ping
 SELECT 1;
 
@@ -311,7 +347,8 @@ WITH expired AS (
                           ELSE j.last_error END
     FROM verdict v
     WHERE j.id = v.id
-    RETURNING j.id, j.state, j.queue, v.lease_token, v.lease_worker, v.started_at, v.attempt
+    RETURNING j.id, j.state, j.queue, j.type, v.lease_token, v.lease_worker, v.started_at,
+              v.attempt
 ), history AS (
     INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)
@@ -319,7 +356,38 @@ WITH expired AS (
            'lease expired before the worker finished'
     FROM rescued
 )
-SELECT id, state, queue FROM rescued;
+-- the lapsed lease's token, worker and attempt: what the rescue log line names
+SELECT id, state, queue, type, lease_token, lease_worker, attempt FROM rescued;
+
+-- name: job_expire
+-- Rescuer tick: jobs that never started by their start_by ('expired'), or whose
+-- total deadline passed before their next attempt could start ('deadline'), end dead
+-- without running. The claim already skips them, so this only makes the verdict
+-- visible: at most one rescuer tick after the moment. Index range scans on the small
+-- partial indexes jobs_start_by_idx and jobs_deadline_idx.
+WITH due AS (
+    (SELECT id, 'expired' AS reason FROM deadman.jobs
+     WHERE start_by IS NOT NULL AND start_by <= now()
+       AND state IN ('waiting', 'scheduled', 'queued', 'retrying')
+     ORDER BY start_by LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id, 'deadline' AS reason FROM deadman.jobs
+     WHERE deadline IS NOT NULL AND deadline <= now()
+       AND state IN ('waiting', 'scheduled', 'queued', 'retrying')
+     ORDER BY deadline LIMIT %(limit)s)
+), one AS (
+    SELECT DISTINCT ON (id) id, reason FROM due ORDER BY id, reason DESC
+), locked AS (
+    SELECT j.id, o.reason FROM deadman.jobs j JOIN one o ON o.id = j.id
+    WHERE j.state IN ('waiting', 'scheduled', 'queued', 'retrying')
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE deadman.jobs j
+SET state = 'dead', finished_at = now(), last_error = l.reason
+FROM locked l
+WHERE j.id = l.id
+RETURNING j.id, j.state, j.queue;
 
 -- name: job_prune_finished
 -- Retention: delete finished jobs older than their state's retention, in batches.
@@ -431,13 +499,21 @@ LIMIT %(limit)s;
 -- cancel_requested set: its worker's heartbeat sees the flag and cancels the handler,
 -- and if that worker is gone the rescuer ends the job 'cancelled'. Every right-hand
 -- side reads the row as it was. No row: unknown id, or the job already finished.
-UPDATE deadman.jobs
-SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
-    cancel_requested = (state = 'running'),
-    finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
-    last_error = CASE WHEN state = 'running' THEN last_error ELSE 'cancelled' END
-WHERE id = %(id)s AND state NOT IN ('succeeded', 'dead', 'cancelled')
-RETURNING *;
+-- A running job's worker also hears of it at once: pg_notify('deadman_cancel', id),
+-- delivered at commit to every worker's listener (the heartbeat is the fallback).
+-- The jobs_state_changed trigger cancels the job's waiting dependents.
+WITH c AS (
+    UPDATE deadman.jobs
+    SET state = CASE WHEN state = 'running' THEN state ELSE 'cancelled' END,
+        cancel_requested = (state = 'running'),
+        finished_at = CASE WHEN state = 'running' THEN finished_at ELSE now() END,
+        last_error = CASE WHEN state = 'running' THEN last_error ELSE 'cancelled' END
+    WHERE id = %(id)s AND state NOT IN ('succeeded', 'dead', 'cancelled')
+    RETURNING *
+)
+SELECT c.*, CASE WHEN c.state = 'running' THEN pg_notify('deadman_cancel', c.id::text) END
+       AS notified
+FROM c;
 
 -- name: job_retry
 -- POST /jobs/{id}/retry, the dead-letter replay: a dead or cancelled job goes back to
@@ -454,39 +530,57 @@ WITH retried AS (
 SELECT r.*, pg_notify('deadman_jobs', r.queue) AS notified FROM retried r;
 
 -- name: queue_list
--- GET /queues: every queue a job names or that has a settings row, with its pause
--- flag and exact job counts by state. The counts come from jobs_list_queue_idx
--- (index-only when the visibility map allows), so their cost grows with the number of
--- job rows, which retention bounds.
-WITH counts AS (
-    SELECT queue, state, count(*) AS n FROM deadman.jobs GROUP BY queue, state
+-- GET /queues, /stats, /metrics, `deadman queues|top` and the dashboard: every queue
+-- that has unfinished jobs or a settings row, with its pause flag, exact counts of
+-- its unfinished jobs by state, and when its oldest due job became due. Only the
+-- unfinished rows are read (jobs_list_state_idx on state = ANY(...)), so the cost
+-- follows the backlog, never the millions of finished rows retention keeps; finished
+-- jobs are counted by job_counts_finished instead, without a queue breakdown.
+WITH live AS (
+    SELECT queue, state, count(*) AS n,
+           min(run_at) FILTER (WHERE state IN ('queued', 'scheduled', 'retrying')
+                                 AND run_at <= now()) AS oldest_due_at
+    FROM deadman.jobs
+    WHERE state IN ('waiting', 'scheduled', 'queued', 'running', 'retrying')
+    GROUP BY queue, state
 ), names AS (
-    SELECT queue AS name FROM counts
+    SELECT queue AS name FROM live
     UNION
     SELECT name FROM deadman.queues
 )
 SELECT nm.name, COALESCE(q.paused, false) AS paused,
-       COALESCE(jsonb_object_agg(c.state, c.n) FILTER (WHERE c.state IS NOT NULL),
-                '{}'::jsonb) AS counts
+       COALESCE(jsonb_object_agg(l.state, l.n) FILTER (WHERE l.state IS NOT NULL),
+                '{}'::jsonb) AS counts,
+       min(l.oldest_due_at) AS oldest_due_at,
+       now() AS now
 FROM names nm
 LEFT JOIN deadman.queues q ON q.name = nm.name
-LEFT JOIN counts c ON c.queue = nm.name
+LEFT JOIN live l ON l.queue = nm.name
 GROUP BY nm.name, q.paused
 ORDER BY nm.name;
 
 -- name: queue_set_paused
 -- POST /queues/{name}/pause and /resume. job_claim skips paused queues; submissions
 -- to a paused queue are still accepted. An upsert, so a queue can be paused before
--- its first job exists. Returns the queue as queue_list shows it.
+-- its first job exists. Returns the queue as queue_list shows it (unfinished jobs of
+-- this queue only: jobs_claim_idx, jobs_running_idx).
 WITH up AS (
     INSERT INTO deadman.queues (name, paused) VALUES (%(name)s, %(paused)s)
     ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
     RETURNING name, paused
+), live AS (
+    SELECT state, count(*) AS n,
+           min(run_at) FILTER (WHERE state IN ('queued', 'scheduled', 'retrying')
+                                 AND run_at <= now()) AS oldest_due_at
+    FROM deadman.jobs
+    WHERE queue = %(name)s
+      AND state IN ('waiting', 'scheduled', 'queued', 'running', 'retrying')
+    GROUP BY state
 )
 SELECT up.name, up.paused,
-       COALESCE((SELECT jsonb_object_agg(s.state, s.n)
-                 FROM (SELECT state, count(*) AS n FROM deadman.jobs
-                       WHERE queue = up.name GROUP BY state) AS s), '{}'::jsonb) AS counts
+       COALESCE((SELECT jsonb_object_agg(state, n) FROM live), '{}'::jsonb) AS counts,
+       (SELECT min(oldest_due_at) FROM live) AS oldest_due_at,
+       now() AS now
 FROM up;
 
 -- name: worker_list
@@ -501,7 +595,154 @@ SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.started_at,
 FROM deadman.workers w
 ORDER BY w.id;
 
--- name: stats_get
--- GET /stats and the job gauges of /metrics: exact job counts by queue and state
--- (same cost as queue_list's).
-SELECT queue, state, count(*) AS n FROM deadman.jobs GROUP BY queue, state ORDER BY queue, state;
+-- name: job_counts_finished
+-- GET /stats, /metrics: jobs in each finished state, in total (no queue breakdown).
+-- These are the big states (retention keeps a day of successes), so they are never
+-- counted by a scan: a count walks jobs_list_state_idx no further than %(cap)s + 1
+-- entries; past the cap the planner's estimate is used instead, marked `estimated`:
+-- the table's live row estimate (reltuples per page, scaled to the current number of
+-- pages, as the planner does) times the state's frequency in pg_stats. Estimates are
+-- as fresh as the last ANALYZE (autovacuum analyzes the jobs table after 2 percent of it changed).
+WITH capped AS MATERIALIZED (
+    SELECT t.state,
+           (SELECT count(*) FROM (SELECT 1 FROM deadman.jobs j WHERE j.state = t.state
+                                  LIMIT %(cap)s::bigint + 1) AS s) AS n
+    FROM unnest(ARRAY['succeeded', 'dead', 'cancelled']) AS t(state)
+), rel AS (
+    SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
+                THEN c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::bigint)
+                ELSE 0 END AS rows
+    FROM pg_class c WHERE c.oid = 'deadman.jobs'::regclass
+), freq AS (
+    SELECT v.state, v.freq
+    FROM pg_stats s,
+         unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(state, freq)
+    WHERE s.schemaname = 'deadman' AND s.tablename = 'jobs' AND s.attname = 'state'
+)
+SELECT c.state,
+       CASE WHEN c.n <= %(cap)s THEN c.n
+            ELSE greatest(round(rel.rows * COALESCE(f.freq, 0))::bigint, c.n) END AS n,
+       c.n > %(cap)s AS estimated
+FROM capped c CROSS JOIN rel LEFT JOIN freq f ON f.state = c.state
+ORDER BY c.state;
+
+-- ===== Operating (CLI, dashboard, metrics) =====
+
+-- name: job_retry_dead_many
+-- `deadman dlq replay --all/--type/--queue` and the dashboard's bulk replay: up to
+-- %(limit)s dead jobs (NULL filter: any) go back to 'queued' as job_retry does for
+-- one. The caller loops until a batch comes back short, so each batch is a short
+-- transaction: replaying a million dead letters never holds a million row locks or
+-- one giant WAL record. Oldest first along jobs_list_state_idx (state, id); run
+-- unprepared (see job_list). pg_notify per row is cheap: Postgres delivers identical
+-- notifications of one transaction once, i.e. once per queue per batch.
+WITH picked AS (
+    SELECT id FROM deadman.jobs
+    WHERE state = 'dead'
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), retried AS (
+    UPDATE deadman.jobs j
+    SET state = 'queued', attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
+        cancel_requested = false, result = NULL
+    FROM picked p
+    WHERE j.id = p.id
+    RETURNING j.id, j.queue
+)
+SELECT id, queue, pg_notify('deadman_jobs', queue) AS notified FROM retried ORDER BY id;
+
+-- name: throughput_recent
+-- `deadman top` and the dashboard's sparklines: finished jobs per minute and queue
+-- over the last %(minutes)s minutes (from the recent_throughput view, which walks
+-- jobs_finished_idx over that hour only, never the whole table).
+SELECT minute, queue, state, jobs
+FROM deadman.recent_throughput
+WHERE minute > now() - %(minutes)s::integer * interval '1 minute'
+ORDER BY minute, queue, state;
+
+-- ===== Workflows =====
+-- A workflow's nodes are jobs (workflow_id, node); its edges are job_deps rows. All
+-- of a workflow is inserted in one transaction: workflow_insert, then
+-- workflow_nodes_insert, then workflow_edges_insert. Releasing, cascading and
+-- finalising happen in the jobs_state_changed trigger (migrations/0005).
+
+-- name: workflow_insert
+INSERT INTO deadman.workflows (name, nodes, unfinished)
+VALUES (%(name)s, %(nodes)s, %(nodes)s)
+RETURNING *;
+
+-- name: workflow_nodes_insert
+-- Every node in one statement. A node with dependencies starts 'waiting' with
+-- pending_deps = its in-degree; the others are due (or scheduled) at once.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ords)s::integer[], %(nodes)s::text[], %(types)s::text[], %(queues)s::text[],
+                %(priorities)s::integer[], %(payloads)s::jsonb[], %(max_attempts)s::integer[],
+                %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
+                %(delays_ms)s::bigint[], %(pending)s::integer[], %(has_dependents)s::boolean[],
+                %(start_bys)s::timestamptz[], %(deadlines)s::timestamptz[],
+                %(heartbeat_timeouts_ms)s::integer[])
+         AS t(ord, node, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
+              run_at, delay_ms, pending, has_dependents, start_by, deadline,
+              heartbeat_timeout_ms)
+)
+INSERT INTO deadman.jobs (workflow_id, node, type, queue, priority, payload, state,
+                          max_attempts, backoff, timeout_ms, run_at, pending_deps,
+                          has_dependents, start_by, deadline, heartbeat_timeout_ms)
+SELECT %(workflow_id)s, i.node, i.type, i.queue, i.priority, i.payload,
+       CASE WHEN i.pending > 0 THEN 'waiting'
+            WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.pending, i.has_dependents,
+       i.start_by, i.deadline, i.heartbeat_timeout_ms
+FROM input i
+CROSS JOIN LATERAL (
+    SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
+) AS r(run_at)
+ORDER BY i.ord
+RETURNING id, node;
+
+-- name: workflow_edges_insert
+-- Edges by node name, resolved through jobs_workflow_node_uq.
+INSERT INTO deadman.job_deps (job_id, depends_on)
+SELECT t.id, f.id
+FROM unnest(%(froms)s::text[], %(tos)s::text[]) AS e(src, dst)
+JOIN deadman.jobs f ON f.workflow_id = %(workflow_id)s AND f.node = e.src
+JOIN deadman.jobs t ON t.workflow_id = %(workflow_id)s AND t.node = e.dst;
+
+-- name: workflow_get
+SELECT * FROM deadman.workflows WHERE id = %(id)s;
+
+-- name: workflow_nodes
+-- A workflow's jobs, in the order they were given (jobs_workflow_node_uq).
+SELECT * FROM deadman.jobs WHERE workflow_id = %(id)s ORDER BY id;
+
+-- name: workflow_cancel
+-- POST /workflows/{id}/cancel: job_cancel for every unfinished node at once. Nodes
+-- not running end 'cancelled' now; running ones get cancel_requested and a
+-- deadman_cancel notification. The workflow finalises when its last node ends.
+-- Rows are locked in id order, as everywhere else.
+WITH l AS (
+    SELECT id FROM deadman.jobs
+    WHERE workflow_id = %(id)s AND state NOT IN ('succeeded', 'dead', 'cancelled')
+    ORDER BY id
+    FOR UPDATE
+), c AS (
+    UPDATE deadman.jobs j
+    SET state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled' END,
+        cancel_requested = (j.state = 'running'),
+        finished_at = CASE WHEN j.state = 'running' THEN j.finished_at ELSE now() END,
+        last_error = CASE WHEN j.state = 'running' THEN j.last_error
+                          ELSE 'workflow cancelled' END
+    FROM l
+    WHERE j.id = l.id AND j.state NOT IN ('succeeded', 'dead', 'cancelled')
+    RETURNING j.id, j.state
+)
+SELECT c.id, c.state,
+       CASE WHEN c.state = 'running' THEN pg_notify('deadman_cancel', c.id::text) END
+       AS notified
+FROM c;

@@ -54,6 +54,8 @@ class JobContext:
         self._lock = threading.Lock()
         self._trusted_until = trusted_until
         self._cancel_requested = threading.Event()
+        #: monotonic time of the handler's last ctx.heartbeat() (the start counts)
+        self.last_heartbeat = time.monotonic()
         self._lease_lost = threading.Event()
         self._tx_used = False
         self.completed_in_transaction = False
@@ -74,6 +76,15 @@ class JobContext:
 
     def request_cancel(self) -> None:
         self._cancel_requested.set()
+
+    # -- what handlers call and read ---------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Say "still making progress". With the job's ``heartbeat_timeout_ms`` set, a
+        handler that goes that long without calling this is treated as hung: its
+        attempt ends ``timed_out`` and the job retries by the usual rules. Cheap (no
+        database write: the lease is renewed by the worker's own heartbeat)."""
+        self.last_heartbeat = time.monotonic()
 
     # -- what handlers read ------------------------------------------------------------
 

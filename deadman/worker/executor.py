@@ -107,12 +107,72 @@ class Executor:
         # without this the slot and the in-flight entry would leak, and the
         # heartbeat would renew an orphaned lease forever.
         task.add_done_callback(lambda _t: self._release(held))
+        if job.heartbeat_timeout_ms:
+            watch = asyncio.create_task(self._watch_heartbeat(held), name=f"watch-{job.id}")
+            task.add_done_callback(lambda _t: watch.cancel())
+
+    def cancel_requested(self, job_id: int) -> None:
+        """A deadman_cancel notification: abort the handler if we hold the job."""
+        held = self._inflight.get(job_id)
+        if held is not None and not held.ctx.cancel_requested:
+            log.info("job_cancel_requested", job_id=job_id, worker=self._worker_id, via="notify")
+            self.abort(job_id, Abort.CANCEL)
+
+    async def _watch_heartbeat(self, held: Held) -> None:
+        """Treat a handler as hung once it has not called ctx.heartbeat() for
+        heartbeat_timeout_ms (the attempt's start counts as the first beat). Kept in
+        this process's memory: if the process itself dies, the lease lapses anyway."""
+        assert held.job.heartbeat_timeout_ms
+        limit = held.job.heartbeat_timeout_ms / 1000
+        while True:
+            idle = time.monotonic() - held.ctx.last_heartbeat
+            if idle >= limit:
+                log.warning(
+                    "job_hung",
+                    job_id=held.job.id,
+                    heartbeat_timeout_ms=held.job.heartbeat_timeout_ms,
+                    worker=self._worker_id,
+                )
+                self.abort(held.job.id, Abort.HUNG)
+                return
+            await asyncio.sleep(limit - idle)
+
+    def _give_slot(self, held: Held) -> None:
+        """Give back the slot once; for a sync handler not before its thread returned
+        (a thread that ignores ctx.cancelled keeps a pool thread busy, and the slot
+        says so: the producer does not claim work that no thread could run)."""
+        if held.slot_released:
+            return
+        if held.thread is not None and not held.thread.done():
+            held.thread.add_done_callback(lambda _f: self._give_slot(held))
+            return
+        held.slot_released = True
+        self._slots.give()
+
+    def _abandon_thread(self, held: Held, bound: Any) -> None:
+        """We stopped waiting for a sync handler's thread (timeout, cancel, hung). When
+        it returns, look at what it did: a fenced write it attempted late was refused
+        (LeaseLost), and that refusal is recorded as evidence, like any other."""
+        fut = held.thread
+        if fut is None or fut.done():
+            return
+
+        def returned(f: asyncio.Future[Any]) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if isinstance(exc, LeaseLost):
+                metrics.STALE_WRITES_REFUSED.labels("transaction").inc()
+                bound.warning("stale_write_refused", action="transaction", late=True)
+                task = asyncio.create_task(self._record_refusal(held.ctx, "transaction"))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            else:
+                bound.info("abandoned_handler_returned", error=None if exc is None else repr(exc))
+
+        fut.add_done_callback(returned)
 
     def _release(self, held: Held) -> None:
         """Give back the slot (once) and forget the job. Idempotent."""
-        if not held.slot_released:
-            held.slot_released = True
-            self._slots.give()
+        self._give_slot(held)
         if self._inflight.get(held.job.id) is held:
             self._inflight.remove(held.job.id)
 
@@ -132,7 +192,10 @@ class Executor:
                 return
         else:
             held.ctx.request_cancel()
-        if held.task is not None and not held.task.done():
+        # A task cancelled before its first step would never run _run at all, so
+        # nothing would record the attempt (and its lease would just lapse). Not
+        # started yet: _invoke sees held.abort as it begins.
+        if held.started and held.task is not None and not held.task.done():
             held.task.cancel()
 
     async def _run(self, held: Held, spec: HandlerSpec | None) -> None:
@@ -154,9 +217,7 @@ class Executor:
             metrics.RUN_TIME.observe(time.monotonic() - started)
             # the slot frees when the handler returns; the lease stays held (and
             # renewed) until the completion is written
-            if not held.slot_released:
-                held.slot_released = True
-                self._slots.give()
+            self._give_slot(held)
         try:
             if finish is None:
                 return
@@ -180,7 +241,10 @@ class Executor:
         to write (completed in its transaction, or the lease is gone)."""
         job, ctx = held.job, held.ctx
         timeout = job.timeout_ms / 1000 if job.timeout_ms else None
+        held.started = True
         try:
+            if held.abort is not None:
+                raise asyncio.CancelledError()  # aborted before it began (see abort)
             if spec is None:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             bound.debug("job_started")
@@ -189,12 +253,14 @@ class Executor:
             else:
                 loop = asyncio.get_running_loop()
                 fut = loop.run_in_executor(self._threads, spec.fn, job, ctx)
+                held.thread = fut
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting
                 # and tell it through ctx.cancelled; whatever it writes later is
                 # refused by the fencing token once the attempt is recorded.
                 result = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             ctx.request_cancel()
+            self._abandon_thread(held, bound)
             bound.warning("job_timed_out", timeout_ms=job.timeout_ms)
             return self._failure(
                 job, ctx, f"timed out after {job.timeout_ms} ms", AttemptOutcome.TIMED_OUT
@@ -203,9 +269,17 @@ class Executor:
             reason = held.abort
             if reason is None:
                 raise  # not ours: the loop itself is going down
+            self._abandon_thread(held, bound)
             if reason is Abort.LEASE_LOST:
                 bound.warning("job_abandoned_lease_lost")
                 return None
+            if reason is Abort.HUNG:
+                return self._failure(
+                    job,
+                    ctx,
+                    f"no heartbeat for {job.heartbeat_timeout_ms} ms: treated as hung",
+                    AttemptOutcome.TIMED_OUT,
+                )
             if reason is Abort.CANCEL:
                 return Finish(
                     job.id,

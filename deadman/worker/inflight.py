@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from deadman.model import Job
 from deadman.worker.context import JobContext
@@ -17,6 +18,7 @@ class Abort(enum.Enum):
     CANCEL = "cancel"  # a user asked: the attempt ends cancelled
     LEASE_LOST = "lease_lost"  # no longer ours: write nothing, walk away
     SHUTDOWN = "shutdown"  # grace ran out: release back to queued
+    HUNG = "hung"  # no ctx.heartbeat() for heartbeat_timeout_ms: the attempt timed out
 
 
 @dataclass
@@ -31,6 +33,10 @@ class Held:
     finishing: bool = False
     abort: Abort | None = None
     slot_released: bool = False
+    #: the job's task has begun running: cancelling it now reaches _run's handlers
+    started: bool = False
+    #: a sync handler's thread; its slot is only given back once it has returned
+    thread: asyncio.Future[Any] | None = None
     token: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,6 @@
-"""LISTEN for ``deadman_jobs`` on a dedicated connection and wake the producer.
+"""LISTEN for ``deadman_jobs`` on a dedicated connection and wake the producer; and
+for ``deadman_cancel`` (a running job's cancel was requested) to abort its handler
+at once instead of at the next heartbeat.
 
 Notifications are an accelerator, never the source of truth: if the connection
 drops, the producer's polling still finds every job, and we reconnect in the
@@ -19,13 +21,21 @@ from deadman.db.queries import QUERIES
 log = logs.get("deadman.listener")
 
 CHANNEL = "deadman_jobs"
+CANCEL_CHANNEL = "deadman_cancel"
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: Sequence[str], on_wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        queues: Sequence[str],
+        on_wake: Callable[[], None],
+        on_cancel: Callable[[int], None] | None = None,
+    ) -> None:
         self._dsn = dsn
         self._queues = set(queues)
         self._on_wake = on_wake
+        self._on_cancel = on_cancel
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
@@ -51,6 +61,8 @@ class Listener:
     async def _listen(self) -> None:
         async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
             await conn.execute(QUERIES["listen_jobs"])
+            if self._on_cancel is not None:
+                await conn.execute(QUERIES["listen_cancel"])
             self.connected.set()
             self._on_wake()  # anything enqueued before LISTEN took effect
             while not self._stop.is_set():
@@ -58,6 +70,12 @@ class Listener:
                 # the connection, so a dead socket surfaces as an error here.
                 async for note in conn.notifies(timeout=1.0):
                     self.received += 1
-                    if note.payload in self._queues:
+                    if note.channel == CANCEL_CHANNEL:
+                        # Every worker hears every cancel; the one holding the job
+                        # acts, the rest ignore it. A missed one is caught by the
+                        # heartbeat, which reads cancel_requested.
+                        if self._on_cancel is not None and note.payload.isdigit():
+                            self._on_cancel(int(note.payload))
+                    elif note.payload in self._queues:
                         self._on_wake()
                 await conn.execute(QUERIES["ping"])

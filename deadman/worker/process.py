@@ -130,7 +130,9 @@ class Worker:
             worker_id=self.worker_id,
             queues=self.queues,
         )
-        listener = Listener(self.dsn, self.queues, producer.wake)
+        listener = Listener(
+            self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
+        )
         rescuer = Rescuer(self.store, s) if self.run_rescuer else None
 
         await heartbeat.beat()  # registers this worker before it claims anything

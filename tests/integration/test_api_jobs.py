@@ -37,6 +37,11 @@ JOB_FIELDS = {
     "idempotency_key",
     "lease",
     "result",
+    "workflow_id",
+    "node",
+    "start_by",
+    "deadline",
+    "heartbeat_timeout_ms",
 }
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 

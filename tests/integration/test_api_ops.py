@@ -3,6 +3,8 @@ metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from deadman.store import ClaimParams
 from tests.factories import connect, insert_job, with_store
 from tests.integration.test_api_support import api_client, error_fields, new_job
@@ -10,8 +12,20 @@ from tests.integration.test_api_support import api_client, error_fields, new_job
 STATES = ["waiting", "scheduled", "queued", "running", "retrying", "succeeded", "dead", "cancelled"]
 
 
+LIVE = ["waiting", "scheduled", "queued", "running", "retrying"]
+
+
 def _zero(**counts: int) -> dict[str, int]:
     return {s: counts.get(s, 0) for s in STATES}
+
+
+def _live(**counts: int) -> dict[str, int]:
+    """A queue's counts: unfinished states only (finished ones are not per queue)."""
+    return {s: counts.get(s, 0) for s in LIVE}
+
+
+def _queue(name: str, paused: bool, age: float | None = None, **counts: int) -> dict[str, Any]:
+    return {"name": name, "paused": paused, "counts": _live(**counts), "oldest_due_age_s": age}
 
 
 def _claim(dsn: str, queue: str) -> int:
@@ -21,25 +35,29 @@ def _claim(dsn: str, queue: str) -> int:
 
 def test_queues_list_counts_and_pause_stops_claims(db_dsn: str) -> None:
     with connect(db_dsn) as conn:
-        insert_job(conn, state="queued", queue="q1")
-        insert_job(conn, state="queued", queue="q1")
+        insert_job(conn, state="queued", queue="q1", run_in_s=-60)
+        insert_job(conn, state="queued", queue="q1", run_in_s=-30)
+        insert_job(conn, state="scheduled", queue="q1", run_in_s=3600)  # not due: no age
         insert_job(conn, state="dead", queue="q1")
         insert_job(conn, state="running", queue="q2")
     with api_client(db_dsn) as c:
         # a queue can be paused before its first job
         early = c.post("/queues/later/pause")
         assert early.status_code == 200
-        assert early.json() == {"name": "later", "paused": True, "counts": _zero()}
+        assert early.json() == _queue("later", True)
         body = c.get("/queues").json()
+        age = body["queues"][1].pop("oldest_due_age_s")
+        assert 60 <= age < 120  # the oldest due job, by the database clock
         assert body == {
             "queues": [
-                {"name": "later", "paused": True, "counts": _zero()},
-                {"name": "q1", "paused": False, "counts": _zero(queued=2, dead=1)},
-                {"name": "q2", "paused": False, "counts": _zero(running=1)},
+                _queue("later", True),
+                {"name": "q1", "paused": False, "counts": _live(queued=2, scheduled=1)},
+                _queue("q2", False, running=1),
             ]
         }
         paused = c.post("/queues/q1/pause").json()
-        assert paused == {"name": "q1", "paused": True, "counts": _zero(queued=2, dead=1)}
+        assert 60 <= paused.pop("oldest_due_age_s") < 120
+        assert paused == {"name": "q1", "paused": True, "counts": _live(queued=2, scheduled=1)}
         assert c.post("/queues/q1/pause").status_code == 200  # idempotent
         assert _claim(db_dsn, "q1") == 0
         # a paused queue still accepts jobs
@@ -82,7 +100,8 @@ def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
         assert stats == {
             "jobs": _zero(queued=1, succeeded=2),
             "total": 3,
-            "queues": {"a": _zero(queued=1, succeeded=1), "b": _zero(succeeded=1)},
+            "estimated": [],  # few finished jobs: counted exactly
+            "queues": {"a": _live(queued=1)},
         }
         assert c.get("/health").json() == {"status": "ok"}
         ready = c.get("/ready").json()
@@ -91,8 +110,13 @@ def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
         assert metrics.headers["content-type"].startswith("text/plain")
         text = metrics.text
         assert 'deadman_jobs{queue="a",state="queued"} 1.0' in text
-        assert 'deadman_jobs{queue="b",state="succeeded"} 1.0' in text
-        assert 'deadman_jobs{queue="b",state="dead"} 0.0' in text
+        assert 'deadman_jobs{queue="a",state="running"} 0.0' in text
+        assert 'deadman_jobs_finished{state="succeeded"} 2.0' in text
+        assert 'deadman_jobs_finished{state="dead"} 0.0' in text
+        assert 'deadman_jobs_finished_estimated{state="succeeded"} 0.0' in text
+        assert 'deadman_queue_paused{queue="a"} 0.0' in text
+        assert 'deadman_queue_oldest_due_age_seconds{queue="a"}' in text
+        assert "ESTIMATE above" in text  # the help text says which numbers are estimates
         assert "deadman_api_database_up 1.0" in text
         assert 'deadman_api_requests_total{method="GET",route="/stats",status="200"}' in text
         spec = c.get("/openapi.json").json()
@@ -105,6 +129,9 @@ def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
         "/jobs/{id}/attempts",
         "/jobs/{id}/cancel",
         "/jobs/{id}/retry",
+        "/workflows",
+        "/workflows/{id}",
+        "/workflows/{id}/cancel",
         "/queues",
         "/queues/{name}/pause",
         "/queues/{name}/resume",

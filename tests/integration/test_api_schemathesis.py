@@ -45,6 +45,13 @@ INEXPRESSIBLE = (
     "repeats the key of",
     # hypothesis reuses generated keys across examples with different bodies
     "already used for a different request",
+    # depends_on ids that name no job; workflow graphs (names, edges, cycles)
+    "depends_on names unknown jobs",
+    "repeats the name of",
+    "must name a node",
+    "repeats an earlier edge",
+    "a node cannot depend on itself",
+    "form a cycle",
 )
 
 

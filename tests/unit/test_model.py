@@ -30,14 +30,15 @@ from deadman.model import (
 
 # x: legal move, .: illegal. Rows are the source state, columns the destination.
 # waiting -> scheduled is the dependency-finished case of a job whose run_at is still
-# in the future (the diagram draws the due case, waiting -> queued).
+# in the future (the diagram draws the due case, waiting -> queued). Not-yet-started
+# states -> dead: start_by or deadline passed before the job started.
 TABLE = """
              waiting  scheduled  queued  running  retrying  succeeded  dead  cancelled
-waiting         .         x        x       .        .          .        .       x
-scheduled       .         .        x       x        .          .        .       x
-queued          .         .        .       x        .          .        .       x
+waiting         .         x        x       .        .          .        x       x
+scheduled       .         .        x       x        .          .        x       x
+queued          .         .        .       x        .          .        x       x
 running         .         .        x       .        x          x        x       x
-retrying        .         .        x       x        .          .        .       x
+retrying        .         .        x       x        .          .        x       x
 succeeded       .         .        .       .        .          .        .       .
 dead            .         .        x       .        .          .        .       .
 cancelled       .         .        x       .        .          .        .       .

@@ -1,0 +1,64 @@
+"""The workflow endpoints: create a DAG of jobs, read its state, cancel it.
+
+A workflow is created whole or not at all (one transaction). Releasing nodes,
+cancelling downstream of a failure and finalising the workflow happen in the
+database, in the transaction that ends each node (migrations/0005_workflows.sql);
+these routes only read and request.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from deadman.api import schema
+from deadman.api.limits import check_queue_depth
+from deadman.api.problems import Problem
+from deadman.api.serialize import workflow_json
+from deadman.api.state import api_state
+
+
+def _workflow_id(raw: str) -> int:
+    if schema.ID_RE.match(raw) and int(raw) <= schema.MAX_BIGINT:
+        return int(raw)
+    raise Problem("not-found", "no such workflow")
+
+
+async def create_workflow(request: Request) -> Response:
+    """201 and the workflow with its nodes, after the transaction committed."""
+    state = api_state(request)
+    wf = schema.parse_workflow(await schema.read_json(request))
+    await check_queue_depth(state.store, state.settings.max_queue_depth, [j for _, j in wf.nodes])
+    row, nodes = await state.store.workflow_insert(wf, state.settings.max_attempts)
+    return JSONResponse(
+        workflow_json(row, nodes), 201, headers={"Location": f"/workflows/{row['id']}"}
+    )
+
+
+async def get_workflow(request: Request) -> Response:
+    workflow_id = _workflow_id(request.path_params["id"])
+    found = await api_state(request).store.workflow_get(workflow_id)
+    if found is None:
+        raise Problem("not-found", f"no workflow {workflow_id}")
+    return JSONResponse(workflow_json(*found))
+
+
+async def cancel_workflow(request: Request) -> Response:
+    """202 while running nodes still have to stop; 200 when the workflow is finished
+    (by this cancel or already: cancelling a finished workflow changes nothing)."""
+    store = api_state(request).store
+    workflow_id = _workflow_id(request.path_params["id"])
+    await store.workflow_cancel(workflow_id)
+    found = await store.workflow_get(workflow_id)
+    if found is None:
+        raise Problem("not-found", f"no workflow {workflow_id}")
+    row, nodes = found
+    return JSONResponse(workflow_json(row, nodes), 202 if row["state"] == "running" else 200)
+
+
+ROUTES = [
+    Route("/workflows", create_workflow, methods=["POST"]),
+    Route("/workflows/{id}", get_workflow, methods=["GET"]),
+    Route("/workflows/{id}/cancel", cancel_workflow, methods=["POST"]),
+]

@@ -1,0 +1,140 @@
+"""The dashboard at /ui over a real server and database: auth (bearer or the sign-in
+cookie), the CSRF guard on POSTs, escaping of user data, every page, and the replay,
+cancel and pause actions."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.factories import connect, insert_job, job_row
+from tests.integration.test_api_support import client, make_app, serve
+
+TOKEN = "ui-test-token"
+
+
+def _state(dsn: str, job_id: int) -> str:
+    with connect(dsn) as conn:
+        return str(job_row(conn, job_id)["state"])
+
+
+def test_auth_by_header_or_sign_in_cookie(db_dsn: str) -> None:
+    with serve(make_app(db_dsn, api_token=TOKEN)) as base, client(base) as c:
+        origin = {"Origin": base}
+        r = c.get("/ui/", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        assert c.get("/ui/login").status_code == 200
+        assert c.get("/ui/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        # the JSON API still wants the header: the cookie is no API credential
+        bad = c.post("/ui/login", data={"token": "wrong"}, headers=origin)
+        assert bad.status_code == 401 and "not valid" in bad.text
+        assert "deadman_ui" not in c.cookies
+        ok = c.post("/ui/login", data={"token": TOKEN}, headers=origin, follow_redirects=False)
+        assert ok.status_code == 303
+        cookie = ok.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert TOKEN not in cookie
+        assert c.get("/ui/").status_code == 200
+        assert c.get("/jobs").status_code == 401  # API routes ignore the cookie
+        # a sign-in posted from another site is refused
+        evil = c.post("/ui/login", data={"token": TOKEN}, headers={"Origin": "http://evil"})
+        assert evil.status_code == 403
+
+
+def test_posts_need_a_same_origin_request(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        dead = insert_job(conn, state="dead").id
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        assert c.post(f"/ui/jobs/{dead}/retry").status_code == 403  # no Origin/Referer
+        r = c.post(f"/ui/jobs/{dead}/retry", headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403
+        assert _state(db_dsn, dead) == "dead"
+        r = c.post(
+            f"/ui/jobs/{dead}/retry", headers={"Referer": f"{base}/ui/dead"}, follow_redirects=False
+        )
+        assert r.status_code == 303 and r.headers["location"] == f"/ui/jobs/{dead}"
+        assert _state(db_dsn, dead) == "queued"
+
+
+def test_pages_render_and_escape_user_data(db_dsn: str) -> None:
+    evil = "<script>alert(1)</script>"
+    with connect(db_dsn) as conn:
+        queued = insert_job(conn, queue="mail", payload={"html": evil}).id
+        dead = insert_job(conn, state="dead", type="pdf", last_error=f"boom {evil}").id
+        insert_job(conn, state="succeeded", queue="mail", finished_ago_s=30)
+        conn.execute(
+            "INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency)"
+            " VALUES ('w-1', 'host<b>', 1, '{mail}', 4)"
+        )
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        pages = {
+            p: c.get(p)
+            for p in (
+                "/ui/",
+                "/ui/jobs",
+                "/ui/jobs?state=dead&type=pdf",
+                f"/ui/jobs/{queued}",
+                f"/ui/jobs/{dead}",
+                "/ui/dead",
+                "/ui/workers",
+            )
+        }
+        for path, r in pages.items():
+            assert r.status_code == 200, path
+            assert r.headers["content-type"].startswith("text/html")
+            assert "<script>alert(1)" not in r.text, path
+        assert "mail" in pages["/ui/"].text and "<svg" in pages["/ui/"].text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[f"/ui/jobs/{queued}"].text
+        assert "boom &lt;script&gt;" in pages["/ui/dead"].text
+        assert "host&lt;b&gt;" in pages["/ui/workers"].text
+        assert str(dead) in pages["/ui/jobs?state=dead&type=pdf"].text
+        assert f'/ui/jobs/{queued}"' not in pages["/ui/jobs?state=dead&type=pdf"].text
+        assert c.get("/ui/jobs/999999").status_code == 404
+        assert c.get("/ui/jobs/abc").status_code == 404
+        # nonsense filters are ignored, not errors
+        assert c.get("/ui/jobs?state=bogus&queue=a%20b&before=-1").status_code == 200
+
+
+def test_keyset_pages(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        ids = [insert_job(conn, state="dead", queue="q").id for _ in range(55)]
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        first = c.get("/ui/dead?queue=q").text
+        assert f"/ui/jobs/{ids[-1]}" in first and f'/ui/jobs/{ids[0]}"' not in first
+        assert f"before={ids[5]}" in first  # 50 newest shown; the next page starts below
+        second = c.get(f"/ui/dead?queue=q&before={ids[5]}").text
+        assert f'/ui/jobs/{ids[0]}"' in second and "older →" not in second
+
+
+def test_replay_bulk_cancel_and_pause(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        a = insert_job(conn, state="dead", type="pdf", queue="q1").id
+        b = insert_job(conn, state="dead", type="mail", queue="q1").id
+        c_ = insert_job(conn, state="dead", type="pdf", queue="q2").id
+        queued = insert_job(conn, queue="q1").id
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        h = {"Origin": base}
+        r = c.post("/ui/dead/replay", data={"type": "pdf"}, headers=h)
+        assert r.status_code == 200 and "replayed 2 dead job(s)" in r.text
+        assert [_state(db_dsn, i) for i in (a, b, c_)] == ["queued", "dead", "queued"]
+        assert c.post("/ui/dead/replay", data={"type": "bad type!"}, headers=h).status_code == 422
+        assert "replayed 1 dead" in c.post("/ui/dead/replay", data={}, headers=h).text
+        assert _state(db_dsn, b) == "queued"
+
+        assert c.post(f"/ui/jobs/{queued}/cancel", headers=h).status_code == 303
+        assert _state(db_dsn, queued) == "cancelled"
+
+        assert c.post("/ui/queues/q1/pause", headers=h).status_code == 303
+        assert "paused" in c.get("/ui/").text
+        assert c.get("/queues").json()["queues"][0]["paused"] is True
+        assert c.post("/ui/queues/q1/explode", headers=h).status_code == 404
+        c.post("/ui/queues/q1/resume", headers=h)
+        assert c.get("/queues").json()["queues"][0]["paused"] is False
+
+
+def test_unauthenticated_posts_are_refused(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        dead = insert_job(conn, state="dead").id
+    with serve(make_app(db_dsn, api_token=TOKEN)) as base, httpx.Client(base_url=base) as c:
+        r = c.post(f"/ui/jobs/{dead}/retry", headers={"Origin": base})
+        assert r.status_code == 401
+    assert _state(db_dsn, dead) == "dead"
