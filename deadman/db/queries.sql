@@ -214,9 +214,11 @@ WITH input AS (
          AS t(id, token, state, outcome, delay_ms, error, result)
 ), locked AS (
     -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
-    -- so the two multi-row statements can never deadlock each other.
+    -- so the two multi-row statements can never deadlock each other. `id = ANY`
+    -- makes the planner find the rows through the primary key: the cost follows the
+    -- batch, not the number of running jobs.
     SELECT j.id FROM deadman.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
-    WHERE j.state = 'running'
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
     ORDER BY j.id
     FOR UPDATE OF j
 ), done AS (
@@ -258,7 +260,7 @@ WITH alive AS (
     FROM deadman.jobs j
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
       ON j.id = h.id AND j.lease_token = h.token
-    WHERE j.state = 'running'
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'  -- via the primary key
     ORDER BY j.id
     FOR UPDATE OF j
 )

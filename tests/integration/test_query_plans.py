@@ -18,7 +18,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import DictRow
 
 from deadman.db.queries import QUERIES
-from deadman.store import HeartbeatParams, heartbeat_params
+from deadman.model import AttemptOutcome, JobState
+from deadman.store import Finish, HeartbeatParams, finish_params, heartbeat_params
 from tests.factories import connect, insert_job
 
 SEED = """
@@ -128,6 +129,41 @@ def test_claim_uses_the_claim_index(seeded_dsn: str, limit: int) -> None:
     )
     assert "jobs_claim_idx" in indexes_used(nodes), nodes
     assert seq_scans_on_jobs(nodes) == []
+
+
+def test_finish_and_heartbeat_find_rows_through_the_primary_key(db_dsn: str) -> None:
+    # The lock step of both batched writes must cost in proportion to the batch, not
+    # to the number of running jobs (a scan of all running rows per flush made
+    # heartbeats wait seconds on the completer's locks under load). Many running
+    # rows, as under a big fleet: without `id = ANY(...)` the finish plan scans them
+    # all through jobs_running_idx.
+    with connect(db_dsn) as conn:
+        conn.execute(
+            "INSERT INTO deadman.jobs (type, state, attempt, lease_token, lease_worker,"
+            " lease_expires_at, started_at)"
+            " SELECT 'noop', 'running', 1, nextval('deadman.lease_token_seq'), 'w',"
+            " now() + interval '1 minute', now() FROM generate_series(1, 20000)"
+        )
+        conn.execute("INSERT INTO deadman.jobs (type) SELECT 'noop' FROM generate_series(1, 20000)")
+        conn.execute("ANALYZE deadman.jobs")
+        leases = [
+            (int(r["id"]), int(r["lease_token"]))
+            for r in conn.execute(
+                "SELECT id, lease_token FROM deadman.jobs WHERE state = 'running' LIMIT 300"
+            )
+        ]
+    finishes = [Finish(i, t, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED) for i, t in leases]
+    for name, params in (
+        ("job_finish_many", finish_params(finishes)),
+        (
+            "job_heartbeat_many",
+            heartbeat_params(HeartbeatParams("w", "h", 1, ["default"], 10, 1000, leases)),
+        ),
+    ):
+        nodes = explain(db_dsn, name, params)
+        assert "jobs_pkey" in indexes_used(nodes), (name, nodes)
+        assert "jobs_running_idx" not in indexes_used(nodes), (name, nodes)
+        assert seq_scans_on_jobs(nodes) == [], name
 
 
 def test_rescue_uses_the_running_index(seeded_dsn: str) -> None:
