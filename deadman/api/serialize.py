@@ -88,20 +88,6 @@ def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def counts_json(counts: Mapping[str, Any] | None) -> dict[str, int]:
-    """Every state present, zero when no job is in it: clients need not guess."""
-    got = counts or {}
-    return {state: int(got.get(state, 0)) for state in STATES}
-
-
-def queue_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "name": row["name"],
-        "paused": bool(row["paused"]),
-        "counts": counts_json(row["counts"]),
-    }
-
-
 def worker_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"],
@@ -114,15 +100,3 @@ def worker_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "alive": bool(row["alive"]),
         "jobs_held": int(row["jobs_held"]),
     }
-
-
-def stats_json(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Totals by state, and the same per queue, from (queue, state, n) rows."""
-    totals: dict[str, int] = dict.fromkeys(STATES, 0)
-    queues: dict[str, dict[str, int]] = {}
-    for row in rows:
-        n = int(row["n"])
-        state = str(row["state"])
-        totals[state] = totals.get(state, 0) + n
-        queues.setdefault(str(row["queue"]), dict.fromkeys(STATES, 0))[state] = n
-    return {"jobs": totals, "total": sum(totals.values()), "queues": queues}

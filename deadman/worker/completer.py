@@ -64,7 +64,14 @@ class Completer:
                 try:
                     done |= await self._write([item[0]])
                 except DeadmanError as exc:
-                    log.error("completion_not_written", job_id=item[0].id, error=str(exc))
+                    log.error(
+                        "completion_not_written",
+                        job_id=item[0].id,
+                        lease_token=item[0].token,
+                        queue=item[1],
+                        worker=self._worker_id,
+                        error=str(exc),
+                    )
                     if not item[2].done():
                         item[2].set_exception(exc)
             batch = [item for item in batch if not item[2].done()]
@@ -96,6 +103,7 @@ class Completer:
                 log.warning(
                     "stale_write_refused",
                     job_id=finish.id,
+                    queue=queue,
                     lease_token=finish.token,
                     action="finish",
                     outcome=finish.outcome.value,

@@ -83,7 +83,15 @@ class Heartbeat:
             if h.job.id in renewed:
                 h.ctx.renew_trust(trusted_until)
                 if renewed[h.job.id] and not h.ctx.cancel_requested:
-                    log.info("job_cancel_requested", job_id=h.job.id, worker=self._worker_id)
+                    log.info(
+                        "job_cancel_requested",
+                        job_id=h.job.id,
+                        type=h.job.type,
+                        queue=h.job.queue,
+                        attempt=h.job.attempt,
+                        lease_token=h.token,
+                        worker=self._worker_id,
+                    )
                     self._executor.abort(h.job.id, Abort.CANCEL)
             elif not (h.finishing or h.ctx.finishing) and self._inflight.get(h.job.id) is h:
                 lost.append((h.job.id, h.token))
@@ -119,6 +127,9 @@ class Heartbeat:
                 log.warning(
                     "lease_untrusted",
                     job_id=h.job.id,
+                    type=h.job.type,
+                    queue=h.job.queue,
+                    attempt=h.job.attempt,
                     lease_token=h.token,
                     worker=self._worker_id,
                 )
