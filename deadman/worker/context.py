@@ -53,10 +53,13 @@ class JobContext:
         self._sync_pool = sync_pool
         self._lock = threading.Lock()
         self._trusted_until = trusted_until
-        self._cancel_requested = threading.Event()
+        # Why the handler should stop (plain flags: set once, read from any thread),
+        # and one Event that a sync handler can block on until either is set.
+        self._cancel_requested = False
+        self._lease_lost = False
+        self._stopped = threading.Event()
         #: monotonic time of the handler's last ctx.heartbeat() (the start counts)
         self.last_heartbeat = time.monotonic()
-        self._lease_lost = threading.Event()
         self._tx_used = False
         self.completed_in_transaction = False
         #: True while the fenced completion inside ctx.transaction() is committing.
@@ -72,10 +75,12 @@ class JobContext:
         return (time.monotonic() if now is None else now) >= self._trusted_until
 
     def mark_lease_lost(self) -> None:
-        self._lease_lost.set()
+        self._lease_lost = True
+        self._stopped.set()
 
     def request_cancel(self) -> None:
-        self._cancel_requested.set()
+        self._cancel_requested = True
+        self._stopped.set()
 
     # -- what handlers call and read ---------------------------------------------------
 
@@ -86,20 +91,23 @@ class JobContext:
         database write: the lease is renewed by the worker's own heartbeat)."""
         self.last_heartbeat = time.monotonic()
 
-    # -- what handlers read ------------------------------------------------------------
+    def wait_cancelled(self, timeout: float) -> bool:
+        """For sync handlers: sleep up to ``timeout`` seconds, waking at once when the
+        handler should stop. Returns ``ctx.cancelled``."""
+        return self._stopped.wait(timeout)
 
     @property
     def lease_lost(self) -> bool:
-        return self._lease_lost.is_set()
+        return self._lease_lost
 
     @property
     def cancel_requested(self) -> bool:
-        return self._cancel_requested.is_set()
+        return self._cancel_requested
 
     @property
     def cancelled(self) -> bool:
         """True when the handler should stop: cancel asked for, or the lease is gone."""
-        return self._cancel_requested.is_set() or self._lease_lost.is_set()
+        return self._stopped.is_set()
 
     def _success(self) -> Finish:
         return Finish(

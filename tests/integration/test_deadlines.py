@@ -49,10 +49,7 @@ def sync_ignores_timeout(job: Job, ctx: JobContext) -> None:
 
 @registry.handler("dl.sync-until-cancelled")
 def sync_until_cancelled(job: Job, ctx: JobContext) -> None:
-    deadline = time.monotonic() + 20
-    while not ctx.cancelled and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if ctx.cancelled:
+    if ctx.wait_cancelled(timeout=20):
         seen_cancel.set()
 
 
