@@ -93,6 +93,9 @@ def test_ensure_running_is_idempotent_and_survives_a_stolen_port(base: Path) -> 
 
     devdb.stop(base)
     with socket.socket() as squatter:
+        # The stopped server's connections may linger in TIME_WAIT on this port;
+        # SO_REUSEADDR lets us bind anyway (and, listening, we still block Postgres).
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", cluster.port))
         squatter.listen()
         # Starting on the taken port fails loudly, with the server's own complaint.
