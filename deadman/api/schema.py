@@ -461,6 +461,9 @@ def _backoff(value: Any, field: str, fields: _Fields) -> Backoff | None:
     return Backoff(strategy=strategy, base_ms=base_ms, max_ms=max_ms, jitter=jitter)
 
 
+RANGE_RULE = "must be between 0001-01-02 and 9999-12-30"
+
+
 def _rfc3339(value: Any, field: str, fields: _Fields) -> datetime | None:
     rule = "must be an RFC 3339 date-time with an offset, e.g. 2025-01-31T12:00:00Z"
     m = RFC3339_RE.fullmatch(value) if isinstance(value, str) else None
@@ -482,11 +485,14 @@ def _rfc3339(value: Any, field: str, fields: _Fields) -> datetime | None:
         if leap:
             parsed += timedelta(seconds=1)
         utc = parsed.astimezone(UTC)
-    except (ValueError, OverflowError):
-        fields.add(field, rule)
+    except (ValueError, OverflowError) as exc:
+        # Year 0000 is valid RFC 3339 syntax, and an offset can push 9999-12-31 past
+        # the calendar: both are out of range, not malformed.
+        out_of_range = year == 0 or isinstance(exc, OverflowError)
+        fields.add(field, RANGE_RULE if out_of_range else rule)
         return None
     if not RUN_AT_MIN <= utc <= RUN_AT_MAX:
-        fields.add(field, "must be between 0001-01-02 and 9999-12-30")
+        fields.add(field, RANGE_RULE)
         return None
     # In UTC: RFC 3339 allows offsets up to 23:59, Postgres only up to 15:59; and the
     # same instant written in two zones is the same request (request_hash).
