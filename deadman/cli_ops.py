@@ -277,15 +277,20 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 def _act(args: argparse.Namespace, action: str) -> int:
     """cancel or retry one job; 1 (with the reason) when it is missing or not eligible."""
 
-    async def work(store: AsyncStore, _: Settings) -> tuple[Job | None, Job | None]:
-        done = await (store.job_cancel if action == "cancel" else store.job_retry)(args.id)
-        return done, (None if done else await store.job_get(args.id))
-
-    done, current = _run(args, work)
-    if done is None:
+    async def work(store: AsyncStore, _: Settings) -> tuple[Job | None, str]:
+        if action == "retry":
+            done = await store.job_retry(args.id)
+            why = None if done else await store.job_retry_refusal(args.id)
+            return done, why or f"no job {args.id}"
+        done = await store.job_cancel(args.id)
+        current = None if done else await store.job_get(args.id)
         if current is None:
-            return _fail(f"no job {args.id}")
-        return _fail(f"job {args.id} is {current.state.value}: cannot {action} it")
+            return done, f"no job {args.id}"
+        return done, f"job {args.id} is {current.state.value}: cannot {action} it"
+
+    done, why = _run(args, work)
+    if done is None:
+        return _fail(why)
     if args.json:
         _print_json(job_json(done))
     elif action == "cancel" and done.state is JobState.RUNNING:
@@ -341,12 +346,7 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
             if await store.job_retry(job_id):
                 replayed.append(job_id)
                 continue
-            current = await store.job_get(job_id)
-            refused.append(
-                f"no job {job_id}"
-                if current is None
-                else f"job {job_id} is {current.state.value}: cannot replay it"
-            )
+            refused.append(await store.job_retry_refusal(job_id) or f"no job {job_id}")
         return replayed, refused
 
     replayed, refused = _run(args, work)

@@ -57,8 +57,10 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     ),
     S.RETRYING: frozenset({S.QUEUED, S.RUNNING, S.CANCELLED, S.DEAD}),
     S.SUCCEEDED: frozenset(),
-    S.DEAD: frozenset({S.QUEUED}),  # dead-letter replay
-    S.CANCELLED: frozenset({S.QUEUED}),  # manual retry
+    # dead-letter replay and manual retry; to waiting while dependencies are unfinished
+    # (a retried job, or the upstream-cancelled jobs below it, which reopen with it)
+    S.DEAD: frozenset({S.QUEUED, S.WAITING}),
+    S.CANCELLED: frozenset({S.QUEUED, S.WAITING}),
 }
 
 

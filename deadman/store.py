@@ -766,6 +766,20 @@ class AsyncStore:
         rows = await self._all("job_retry", {"id": job_id})
         return Job.from_row(rows[0]) if rows else None
 
+    async def job_retry_refusal(self, job_id: int) -> str | None:
+        """Why job_retry returned nothing, in words; None when there is no such job."""
+        job = await self.job_get(job_id)
+        if job is None:
+            return None
+        blocking = await self._all("job_blocking_deps", {"id": job_id})
+        if job.state in (JobState.DEAD, JobState.CANCELLED) and blocking:
+            names = ", ".join(f"{r['name']} ({r['state']})" for r in blocking)
+            return (
+                f"job {job_id} depends on {names}: retry that first; the jobs it "
+                "cancelled reopen with it"
+            )
+        return f"job {job_id} is {job.state.value}; only dead or cancelled jobs can be retried"
+
     async def queue_depth_get(self, queue: str, cap: int) -> int:
         """Jobs waiting in ``queue``, counted up to ``cap`` at most."""
         rows = await self._all("queue_depth_get", {"queue": queue, "cap": cap})
@@ -799,11 +813,11 @@ class AsyncStore:
             with translate():
                 async with self.pool.connection() as conn:
                     cur = await conn.execute(QUERIES["job_retry_dead_many"], params, prepare=False)
-                    ids = [int(r["id"]) for r in await cur.fetchall()]
-            done += ids
-            if len(ids) < batch:
+                    rows = await cur.fetchall()
+            done += [int(r["id"]) for r in rows if r["replayed"]]
+            if len(rows) < batch:
                 return done
-            after = ids[-1]
+            after = int(rows[-1]["id"])
 
     async def throughput_recent(self, minutes: int) -> list[DictRow]:
         return await self._all("throughput_recent", {"minutes": minutes})

@@ -104,18 +104,17 @@ async def cancel_job(request: Request) -> Response:
 
 
 async def retry_job(request: Request) -> Response:
-    """A dead or cancelled job back to queued with a fresh set of attempts; else 409."""
+    """A dead or cancelled job back to queued (waiting, while dependencies are
+    unfinished) with a fresh set of attempts; 409 for other states or while a
+    dependency is dead or cancelled."""
     store = api_state(request).store
     job_id = schema.parse_job_id(request.path_params["id"])
     job = await store.job_retry(job_id)
     if job is None:
-        current = await store.job_get(job_id)
-        if current is None:
+        refusal = await store.job_retry_refusal(job_id)
+        if refusal is None:
             raise Problem("not-found", f"no job {job_id}")
-        raise Problem(
-            "conflict",
-            f"job {job_id} is {current.state.value}; only dead or cancelled jobs can be retried",
-        )
+        raise Problem("conflict", refusal)
     return JSONResponse(job_json(job))
 
 

@@ -46,8 +46,8 @@ WITH v AS (
 )
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash,
-                          pending_deps, finished_at, last_error, start_by, deadline,
-                          heartbeat_timeout_ms)
+                          pending_deps, finished_at, last_error, upstream_cancelled,
+                          start_by, deadline, heartbeat_timeout_ms)
 SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
             WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
@@ -56,7 +56,8 @@ SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        %(idempotency_key)s, %(request_hash)s,
        CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
-       %(upstream_error)s::text, %(start_by)s::timestamptz, %(deadline)s::timestamptz,
+       %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
+       %(start_by)s::timestamptz, %(deadline)s::timestamptz,
        %(heartbeat_timeout_ms)s::integer
 FROM v
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -519,17 +520,46 @@ FROM c;
 
 -- name: job_retry
 -- POST /jobs/{id}/retry, the dead-letter replay: a dead or cancelled job goes back to
--- 'queued', due now, with a fresh set of attempts (attempt and rescues 0). Its attempt
--- history and last_error stay. Wakes the queue's idle producers (the NOTIFY is sent
--- at commit). No row: unknown id, or a state that cannot be retried.
-WITH retried AS (
-    UPDATE deadman.jobs
-    SET state = 'queued', attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
+-- 'queued', due now, with a fresh set of attempts (attempt and rescues 0); to
+-- 'waiting' if some of its dependencies have not succeeded yet. Its attempt history
+-- and last_error stay. Refused (no row) while a dependency is dead or cancelled:
+-- retry that one instead, its upstream-cancelled dependents reopen with it (the
+-- jobs_state_changed trigger, migrations/0006). The dependencies are locked FOR
+-- SHARE and their latest committed states read, so one finishing right now is
+-- either counted as succeeded or releases this job after our commit. Wakes the
+-- queue's idle producers (the NOTIFY is sent at commit). No row: unknown id, a state
+-- that cannot be retried, or a blocking dependency (job_blocking_deps says which).
+WITH deps AS (
+    SELECT u.state FROM deadman.job_deps d
+    JOIN deadman.jobs u ON u.id = d.depends_on
+    WHERE d.job_id = %(id)s
+    ORDER BY u.id
+    FOR SHARE OF u
+), verdict AS (
+    SELECT count(*) FILTER (WHERE state <> 'succeeded') AS pending,
+           bool_or(state IN ('dead', 'cancelled')) AS blocked
+    FROM deps
+), retried AS (
+    UPDATE deadman.jobs j
+    SET state = CASE WHEN v.pending > 0 THEN 'waiting' ELSE 'queued' END,
+        pending_deps = v.pending, upstream_cancelled = false,
+        attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
         cancel_requested = false, result = NULL
-    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-    RETURNING *
+    FROM verdict v
+    WHERE j.id = %(id)s AND j.state IN ('dead', 'cancelled') AND v.blocked IS NOT TRUE
+    RETURNING j.*
 )
-SELECT r.*, pg_notify('deadman_jobs', r.queue) AS notified FROM retried r;
+SELECT r.*, CASE WHEN r.state = 'queued' THEN pg_notify('deadman_jobs', r.queue) END
+       AS notified
+FROM retried r;
+
+-- name: job_blocking_deps
+-- Why job_retry refused: the job's dependencies that are dead or cancelled.
+SELECT u.id, u.state, COALESCE(u.node, 'job ' || u.id) AS name
+FROM deadman.job_deps d
+JOIN deadman.jobs u ON u.id = d.depends_on
+WHERE d.job_id = %(id)s AND u.state IN ('dead', 'cancelled')
+ORDER BY u.id;
 
 -- name: queue_list
 -- GET /queues, /stats, /metrics, `deadman queues|top` and the dashboard: every queue
@@ -633,12 +663,15 @@ ORDER BY c.state;
 
 -- name: job_retry_dead_many
 -- `deadman dlq replay --all/--type/--queue` and the dashboard's bulk replay: up to
--- %(limit)s dead jobs (NULL filter: any) go back to 'queued' as job_retry does for
--- one. The caller loops until a batch comes back short, so each batch is a short
--- transaction: replaying a million dead letters never holds a million row locks or
--- one giant WAL record. Oldest first along jobs_list_state_idx (state, id); run
--- unprepared (see job_list). pg_notify per row is cheap: Postgres delivers identical
--- notifications of one transaction once, i.e. once per queue per batch.
+-- %(limit)s dead jobs (NULL filter: any) go back as job_retry sends one: 'queued', or
+-- 'waiting' while dependencies are unfinished; a job with a dead or cancelled
+-- dependency is skipped (replay that one). Returns every picked id with `replayed`,
+-- so the caller's cursor moves past skipped ones; it loops until a batch comes back
+-- short, so each batch is a short transaction: replaying a million dead letters never
+-- holds a million row locks or one giant WAL record. Oldest first along
+-- jobs_list_state_idx (state, id); run unprepared (see job_list). pg_notify per row
+-- is cheap: Postgres delivers identical notifications of one transaction once, i.e.
+-- once per queue per batch.
 WITH picked AS (
     SELECT id FROM deadman.jobs
     WHERE state = 'dead'
@@ -648,15 +681,32 @@ WITH picked AS (
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), deps AS (
+    SELECT d.job_id, u.state FROM deadman.job_deps d
+    JOIN picked p ON p.id = d.job_id
+    JOIN deadman.jobs u ON u.id = d.depends_on
+    ORDER BY u.id
+    FOR SHARE OF u
+), verdict AS (
+    SELECT p.id,
+           count(dp.state) FILTER (WHERE dp.state <> 'succeeded') AS pending,
+           COALESCE(bool_or(dp.state IN ('dead', 'cancelled')), false) AS blocked
+    FROM picked p LEFT JOIN deps dp ON dp.job_id = p.id
+    GROUP BY p.id
 ), retried AS (
     UPDATE deadman.jobs j
-    SET state = 'queued', attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
+    SET state = CASE WHEN v.pending > 0 THEN 'waiting' ELSE 'queued' END,
+        pending_deps = v.pending, upstream_cancelled = false,
+        attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
         cancel_requested = false, result = NULL
-    FROM picked p
-    WHERE j.id = p.id
-    RETURNING j.id, j.queue
+    FROM verdict v
+    WHERE j.id = v.id AND NOT v.blocked
+    RETURNING j.id, j.queue, j.state
 )
-SELECT id, queue, pg_notify('deadman_jobs', queue) AS notified FROM retried ORDER BY id;
+SELECT p.id, r.id IS NOT NULL AS replayed,
+       CASE WHEN r.state = 'queued' THEN pg_notify('deadman_jobs', r.queue) END AS notified
+FROM picked p LEFT JOIN retried r ON r.id = p.id
+ORDER BY p.id;
 
 -- name: throughput_recent
 -- `deadman top` and the dashboard's sparklines: finished jobs per minute and queue

@@ -31,7 +31,8 @@ from deadman.model import (
 # x: legal move, .: illegal. Rows are the source state, columns the destination.
 # waiting -> scheduled is the dependency-finished case of a job whose run_at is still
 # in the future (the diagram draws the due case, waiting -> queued). Not-yet-started
-# states -> dead: start_by or deadline passed before the job started.
+# states -> dead: start_by or deadline passed before the job started. dead/cancelled
+# -> waiting: a retry while dependencies are unfinished (DECISIONS.md 22).
 TABLE = """
              waiting  scheduled  queued  running  retrying  succeeded  dead  cancelled
 waiting         .         x        x       .        .          .        x       x
@@ -40,8 +41,8 @@ queued          .         .        .       x        .          .        x       
 running         .         .        x       .        x          x        x       x
 retrying        .         .        x       x        .          .        x       x
 succeeded       .         .        .       .        .          .        .       .
-dead            .         .        x       .        .          .        .       .
-cancelled       .         .        x       .        .          .        .       .
+dead            x         .        x       .        .          .        .       .
+cancelled       x         .        x       .        .          .        .       .
 """
 
 
