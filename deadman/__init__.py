@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from deadman.client import Client
 from deadman.errors import DeadmanError, DuplicateKey, LeaseLost
-from deadman.model import Backoff, Job, JobState
+from deadman.model import Backoff, Job, JobState, Workflow, WorkflowState
 from deadman.registry import Registry
 from deadman.worker.context import JobContext
 
@@ -23,5 +23,7 @@ __all__ = [
     "JobState",
     "LeaseLost",
     "Registry",
+    "Workflow",
+    "WorkflowState",
 ]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ roll back. That is the transactional-outbox pattern without an outbox table.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,8 +17,8 @@ from psycopg_pool import ConnectionPool
 
 from deadman.config import Settings
 from deadman.errors import ConfigError, DuplicateKey
-from deadman.model import Backoff, Job
-from deadman.store import NewJob, SyncConn, SyncStore
+from deadman.model import Backoff, Job, Workflow
+from deadman.store import NewJob, NewWorkflow, SyncConn, SyncStore
 
 
 def _to_ms(value: timedelta | float | int | None) -> int | None:
@@ -185,6 +185,54 @@ class Client:
                 return self._store.job_insert_many(conn, batch, self.settings.max_attempts)
         with self._get_pool().connection() as own, own.transaction():
             return self._store.job_insert_many(own, batch, self.settings.max_attempts)
+
+    def workflow(
+        self,
+        name: str,
+        nodes: Mapping[str, NewJob],
+        edges: Iterable[tuple[str, str]] = (),
+        *,
+        idempotency_key: str | None = None,
+        conn: SyncConn | None = None,
+    ) -> Workflow:
+        """Create a workflow: ``nodes`` by name (built with :meth:`job`), ``edges`` as
+        (from, to) pairs, ``to`` running after ``from`` succeeded. Every node is created
+        in one statement, inside ``conn``'s transaction when given. A duplicate name,
+        an unknown node in an edge or a cycle raises
+        :class:`~deadman.store.InvalidWorkflow` before anything is sent.
+
+        With ``idempotency_key``: the same workflow again returns the one that exists;
+        a different workflow under the same key raises :class:`DuplicateKey`.
+        """
+        wf = NewWorkflow(
+            name=name,
+            nodes=tuple(nodes.items()),
+            edges=tuple(edges),
+            idempotency_key=idempotency_key,
+        )
+        if conn is not None:
+            return self._workflow_on(conn, wf)
+        with self._get_pool().connection() as own:
+            return self._workflow_on(own, wf)
+
+    def _workflow_on(self, conn: SyncConn, wf: NewWorkflow) -> Workflow:
+        created = self._store.workflow_insert(conn, wf, self.settings.max_attempts)
+        if created is not None:
+            return created
+        assert wf.idempotency_key is not None  # only a key conflict inserts nothing
+        existing = self._store.workflow_get_by_idempotency_key(conn, wf.idempotency_key)
+        if existing is None:  # pragma: no cover - deleted in between
+            raise DuplicateKey(f"idempotency key {wf.idempotency_key!r} is in use")
+        if existing.request_hash != wf.request_hash():
+            raise DuplicateKey(
+                f"idempotency key {wf.idempotency_key!r} was used for a different workflow "
+                f"({existing.id})"
+            )
+        return existing
+
+    def get_workflow(self, workflow_id: int) -> Workflow | None:
+        with self._get_pool().connection() as conn:
+            return self._store.workflow_get(conn, workflow_id)
 
     def get(self, job_id: int) -> Job | None:
         with self._get_pool().connection() as conn:

@@ -275,3 +275,37 @@ class Job:
             deadline=row.get("deadline"),
             heartbeat_timeout_ms=row.get("heartbeat_timeout_ms"),
         )
+
+
+class WorkflowState(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow row and its nodes by name, as ``Client.workflow`` returns them."""
+
+    id: int
+    name: str
+    state: WorkflowState
+    created_at: datetime
+    finished_at: datetime | None
+    nodes: dict[str, Job]
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+    @classmethod
+    def from_rows(cls, row: dict[str, Any], nodes: Sequence[Job]) -> Workflow:
+        return cls(
+            id=int(row["id"]),
+            name=row["name"],
+            state=WorkflowState(row["state"]),
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],
+            nodes={j.node or str(j.id): j for j in nodes},
+            idempotency_key=row.get("idempotency_key"),
+            request_hash=row.get("request_hash"),
+        )

@@ -33,11 +33,14 @@ from tenacity import (
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, InvalidJob, translate
 from deadman.model import (
+    TYPE_RE,
     AttemptOutcome,
     Backoff,
     Job,
     JobState,
+    Workflow,
     check_transition,
+    find_cycle,
     validate_priority,
     validate_queue,
     validate_type,
@@ -103,16 +106,6 @@ class NewJob:
             raise InvalidJob(f"heartbeat timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
         if len(set(self.depends_on)) != len(self.depends_on):
             raise InvalidJob("depends_on names a job twice")
-
-    @property
-    def has_extras(self) -> bool:
-        """Uses a field that only the single-job insert (and workflows) support."""
-        return bool(
-            self.depends_on
-            or self.start_by is not None
-            or self.deadline is not None
-            or self.heartbeat_timeout_ms is not None
-        )
 
     def request_hash(self) -> str:
         """A fingerprint of what was asked, to tell a replay from a different request."""
@@ -187,11 +180,13 @@ def deps_verdict(wanted: Sequence[int], rows: Sequence[Any]) -> tuple[int, str |
 
 
 class UnknownDependency(InvalidJob):
-    """``depends_on`` names jobs that do not exist (or were pruned)."""
+    """``depends_on`` names jobs that do not exist (or were pruned); ``index``: which
+    job of a batch."""
 
-    def __init__(self, ids: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[int], index: int | None = None) -> None:
         super().__init__("depends_on names unknown jobs: " + ", ".join(map(str, ids)))
         self.ids = tuple(ids)
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -348,27 +343,72 @@ class BatchInserted:
     vanished: tuple[int, ...] = ()
 
 
-def refuse_extras(jobs: Sequence[NewJob]) -> None:
-    """Batches (COPY and POST /jobs/batch) do not carry depends_on or the new deadlines
-    yet; refusing beats silently dropping them."""
-    for i, job in enumerate(jobs):
-        if job.has_extras:
-            raise InvalidJob(
-                f"job {i}: depends_on, start_by, deadline and heartbeat_timeout_ms are "
-                "only supported by single enqueues and workflows"
-            )
+#: The most nodes and edges one workflow may have.
+MAX_NODES = 1000
+MAX_EDGES = 10_000
+
+
+class InvalidWorkflow(InvalidJob):
+    """A workflow that is not a DAG of uniquely named nodes."""
 
 
 @dataclass(frozen=True)
 class NewWorkflow:
-    """A validated DAG: node names unique, edges between known nodes, no cycle."""
+    """A validated DAG: node names unique, edges between known nodes, no cycle.
+
+    The API checks each field first to name it in its 422; this is the same rule for
+    every other caller (``Client.workflow``)."""
 
     name: str
     nodes: tuple[tuple[str, NewJob], ...]
     edges: tuple[tuple[str, str], ...]  # (from, to): `to` waits for `from`
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= 128:
+            raise InvalidWorkflow("a workflow's name must be 1-128 characters")
+        if not 1 <= len(self.nodes) <= MAX_NODES:
+            raise InvalidWorkflow(f"a workflow has 1 to {MAX_NODES} nodes")
+        if len(self.edges) > MAX_EDGES:
+            raise InvalidWorkflow(f"a workflow has at most {MAX_EDGES} edges")
+        names = [n for n, _ in self.nodes]
+        seen: set[str] = set()
+        for n in names:
+            if not TYPE_RE.fullmatch(n):  # node names follow the job type rule
+                raise InvalidWorkflow(f"node name {n!r}: 1-128 of A-Z a-z 0-9 _ . : -")
+            if n in seen:
+                raise InvalidWorkflow(f"two nodes are named {n!r}")
+            seen.add(n)
+        for n, job in self.nodes:
+            if job.depends_on or job.idempotency_key is not None:
+                raise InvalidWorkflow(
+                    f"node {n!r}: use edges, not depends_on; the key is the workflow's"
+                )
+        if len(set(self.edges)) != len(self.edges):
+            raise InvalidWorkflow("an edge is given twice")
+        for src, dst in self.edges:
+            if src not in seen or dst not in seen:
+                raise InvalidWorkflow(f"edge {src!r} -> {dst!r} names an unknown node")
+            if src == dst:
+                raise InvalidWorkflow(f"node {src!r} cannot depend on itself")
+        cycle = find_cycle(names, self.edges)
+        if cycle:
+            raise InvalidWorkflow("the edges form a cycle: " + " -> ".join(cycle))
+        if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
+            raise InvalidWorkflow("idempotency_key must be 1-255 characters")
+
+    def request_hash(self) -> str:
+        """A fingerprint of the whole request (name, each node, edges), as for jobs."""
+        body = {
+            "name": self.name,
+            "nodes": [[n, j.request_hash()] for n, j in self.nodes],
+            "edges": sorted(self.edges),
+        }
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def workflow_nodes_params(wf: NewWorkflow, default_max_attempts: int) -> dict[str, Any]:
+def workflow_params(wf: NewWorkflow, default_max_attempts: int) -> dict[str, Any]:
     indegree = {name: 0 for name, _ in wf.nodes}
     outgoing: set[str] = set()
     for src, dst in wf.edges:
@@ -376,6 +416,10 @@ def workflow_nodes_params(wf: NewWorkflow, default_max_attempts: int) -> dict[st
         outgoing.add(src)
     jobs = [j for _, j in wf.nodes]
     return {
+        "name": wf.name,
+        "nodes_count": len(jobs),
+        "idempotency_key": wf.idempotency_key,
+        "request_hash": wf.request_hash() if wf.idempotency_key is not None else None,
         "ords": list(range(len(jobs))),
         "nodes": [name for name, _ in wf.nodes],
         "types": [j.type for j in jobs],
@@ -392,10 +436,19 @@ def workflow_nodes_params(wf: NewWorkflow, default_max_attempts: int) -> dict[st
         "start_bys": [j.start_by for j in jobs],
         "deadlines": [j.deadline for j in jobs],
         "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
+        "froms": [a for a, _ in wf.edges],
+        "tos": [b for _, b in wf.edges],
     }
 
 
-def batch_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, Any]:
+def batch_params(
+    jobs: Sequence[NewJob],
+    default_max_attempts: int,
+    verdicts: Sequence[tuple[int, str | None]] | None = None,
+) -> dict[str, Any]:
+    """job_insert_many_returning's arrays; ``verdicts[i]`` is job i's (pending
+    dependencies, upstream error) from :func:`batch_verdicts` (none: no depends_on)."""
+    verdicts = verdicts or [(0, None)] * len(jobs)
     return {
         "ords": list(range(len(jobs))),
         "types": [j.type for j in jobs],
@@ -408,8 +461,44 @@ def batch_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str,
         "run_ats": [j.run_at for j in jobs],
         "delays_ms": [j.delay_ms for j in jobs],
         "idempotency_keys": [j.idempotency_key for j in jobs],
-        "request_hashes": [j.request_hash() for j in jobs],
+        "request_hashes": [j.request_hash() if j.idempotency_key else None for j in jobs],
+        "pending_deps": [v[0] for v in verdicts],
+        "upstream_errors": [v[1] for v in verdicts],
+        "start_bys": [j.start_by for j in jobs],
+        "deadlines": [j.deadline for j in jobs],
+        "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
     }
+
+
+def batch_dependencies(jobs: Sequence[NewJob]) -> list[int]:
+    """Every job id the batch depends on, once, in id order (the lock order)."""
+    return sorted({d for j in jobs for d in j.depends_on})
+
+
+def batch_verdicts(jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[tuple[int, str | None]]:
+    """deps_verdict for each job of a batch from one job_deps_lock of all their
+    dependencies; an unknown id raises UnknownDependency naming the job's index."""
+    verdicts = []
+    for i, job in enumerate(jobs):
+        wanted = set(job.depends_on)
+        try:
+            verdicts.append(
+                deps_verdict(job.depends_on, [r for r in rows if int(r["id"]) in wanted])
+            )
+        except UnknownDependency as exc:
+            raise UnknownDependency(exc.ids, index=i) from None
+    return verdicts
+
+
+def batch_edges(jobs: Sequence[NewJob], result: BatchInserted) -> dict[str, list[int]]:
+    """job_deps_insert_many's pairs: the dependencies of each job the batch created."""
+    job_ids: list[int] = []
+    deps: list[int] = []
+    for new, row, created in zip(jobs, result.jobs, result.created, strict=True):
+        if created:
+            job_ids += [row.id] * len(new.depends_on)
+            deps += new.depends_on
+    return {"job_ids": job_ids, "depends_on": deps}
 
 
 def match_batch(
@@ -679,14 +768,18 @@ class AsyncStore:
         not, the whole transaction is rolled back and its index is reported in
         ``mismatched``. Keys must be unique within ``jobs`` (the caller checks).
         """
-        refuse_extras(jobs)
-        params = batch_params(jobs, default_max_attempts)
         keys = [j.idempotency_key for j in jobs if j.idempotency_key is not None]
+        deps = batch_dependencies(jobs)
         # A replayed row deleted by retention between our two statements would look
         # like a reused key; the whole transaction is tried again (then it inserts).
         for _ in range(3):
             with translate():
                 async with self.pool.connection() as conn, conn.transaction():
+                    verdicts = None
+                    if deps:  # lock them first, as job_insert does (job_deps_lock)
+                        cur = await conn.execute(QUERIES["job_deps_lock"], {"ids": deps})
+                        verdicts = batch_verdicts(jobs, await cur.fetchall())
+                    params = batch_params(jobs, default_max_attempts, verdicts)
                     cur = await conn.execute(QUERIES["job_insert_many_returning"], params)
                     inserted = [Job.from_row(r) for r in await cur.fetchall()]
                     existing: list[Job] = []
@@ -698,6 +791,10 @@ class AsyncStore:
                     result = match_batch(jobs, inserted, existing)
                     if result.mismatched or result.vanished:
                         raise psycopg.Rollback()  # caught by conn.transaction(): rolled back
+                    if deps:
+                        await conn.execute(
+                            QUERIES["job_deps_insert_many"], batch_edges(jobs, result)
+                        )
             if not result.vanished:
                 return result
         return result
@@ -724,28 +821,23 @@ class AsyncStore:
 
     async def workflow_insert(
         self, wf: NewWorkflow, default_max_attempts: int
-    ) -> tuple[DictRow, list[Job]]:
-        """The workflow, its nodes and its edges in one transaction."""
+    ) -> tuple[DictRow, list[Job]] | None:
+        """The workflow, its nodes and its edges in one statement; None when its
+        idempotency key is taken (then read :meth:`workflow_get_by_idempotency_key`)."""
         with translate():
             async with self.pool.connection() as conn, conn.transaction():
                 cur = await conn.execute(
-                    QUERIES["workflow_insert"], {"name": wf.name, "nodes": len(wf.nodes)}
+                    QUERIES["workflow_insert"], workflow_params(wf, default_max_attempts)
                 )
                 row = await cur.fetchone()
-                assert row is not None
-                params = workflow_nodes_params(wf, default_max_attempts)
-                params["workflow_id"] = row["id"]
-                await conn.execute(QUERIES["workflow_nodes_insert"], params)
-                await conn.execute(
-                    QUERIES["workflow_edges_insert"],
-                    {
-                        "workflow_id": row["id"],
-                        "froms": [a for a, _ in wf.edges],
-                        "tos": [b for _, b in wf.edges],
-                    },
-                )
+                if row is None:
+                    return None
                 cur = await conn.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
                 return row, [Job.from_row(r) for r in await cur.fetchall()]
+
+    async def workflow_get_by_idempotency_key(self, key: str) -> tuple[DictRow, list[Job]] | None:
+        rows = await self._all("workflow_get_by_idempotency_key", {"idempotency_key": key})
+        return await self.workflow_get(int(rows[0]["id"])) if rows else None
 
     async def workflow_get(self, workflow_id: int) -> tuple[DictRow, list[Job]] | None:
         """The workflow row and its nodes (one snapshot: read in one transaction)."""
@@ -871,6 +963,32 @@ class SyncStore:
             cur.execute(QUERIES["job_deps_insert"], {"job_id": row["id"], "depends_on": deps})
             return Job.from_row(row)
 
+    def workflow_insert(
+        self, conn: SyncConn, wf: NewWorkflow, default_max_attempts: int
+    ) -> Workflow | None:
+        """As AsyncStore.workflow_insert, on the caller's connection (and transaction)."""
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["workflow_insert"], workflow_params(wf, default_max_attempts))
+            row = cur.fetchone()
+            return None if row is None else self._with_nodes(cur, row)
+
+    def workflow_get(self, conn: SyncConn, workflow_id: int) -> Workflow | None:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["workflow_get"], {"id": workflow_id})
+            row = cur.fetchone()
+            return None if row is None else self._with_nodes(cur, row)
+
+    def workflow_get_by_idempotency_key(self, conn: SyncConn, key: str) -> Workflow | None:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES["workflow_get_by_idempotency_key"], {"idempotency_key": key})
+            row = cur.fetchone()
+            return None if row is None else self._with_nodes(cur, row)
+
+    @staticmethod
+    def _with_nodes(cur: psycopg.Cursor[DictRow], row: DictRow) -> Workflow:
+        cur.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
+        return Workflow.from_rows(row, [Job.from_row(r) for r in cur.fetchall()])
+
     def job_get_by_idempotency_key(self, conn: SyncConn, key: str) -> Job | None:
         with translate(), conn.cursor(row_factory=dict_row) as cur:
             cur.execute(QUERIES["job_get_by_idempotency_key"], {"idempotency_key": key})
@@ -888,9 +1006,13 @@ class SyncStore:
     ) -> list[int]:
         """COPY the jobs into a staging table, then move them in one INSERT.
 
-        Must run inside a transaction (the staging table empties at commit).
+        Must run inside a transaction (the staging table empties at commit). A batch
+        in which some job has ``depends_on`` is inserted one job at a time instead
+        (job_insert with its dependency locks), in the same transaction.
         """
-        refuse_extras(jobs)
+        if batch_dependencies(jobs):
+            inserted = [self._job_insert_with_deps(conn, j, default_max_attempts) for j in jobs]
+            return [j.id for j in inserted if j is not None]
         with translate(), conn.cursor() as cur:
             cur.execute(QUERIES["job_stage_prepare"])
             cur.execute(QUERIES["job_stage_clear"])
@@ -909,7 +1031,10 @@ class SyncStore:
                             job.run_at,
                             job.delay_ms,
                             job.idempotency_key,
-                            job.request_hash(),
+                            job.request_hash() if job.idempotency_key else None,
+                            job.start_by,
+                            job.deadline,
+                            job.heartbeat_timeout_ms,
                         )
                     )
             cur.execute(QUERIES["job_insert_staged"])

@@ -34,8 +34,9 @@ class Submitted:
     replayed: bool
 
 
-def _reused(key: str, existing: Job | None) -> Problem:
-    where = f" (job {existing.id})" if existing is not None else ""
+def reused(key: str, existing: str | None) -> Problem:
+    """422: ``key`` already made ``existing`` (e.g. "job 12") from a different request."""
+    where = f" ({existing})" if existing is not None else ""
     return Problem(
         "idempotency-key-reused",
         f"the Idempotency-Key {key!r} was already used for a different request{where}; "
@@ -65,7 +66,7 @@ async def find_replay(store: AsyncStore, new: NewJob) -> Submitted | None:
     if existing is None:
         return None
     if existing.request_hash != new.request_hash():
-        raise _reused(new.idempotency_key, existing)
+        raise reused(new.idempotency_key, f"job {existing.id}")
     return Submitted(existing, replayed=True)
 
 

@@ -15,7 +15,13 @@ from deadman.api import schema
 from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.config import Settings
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import FINISHED_COUNT_CAP, MAX_DELAY_MS, MAX_TIMEOUT_MS
+from deadman.store import (
+    FINISHED_COUNT_CAP,
+    MAX_DELAY_MS,
+    MAX_EDGES,
+    MAX_NODES,
+    MAX_TIMEOUT_MS,
+)
 
 NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
 ID_PATTERN = "^[1-9][0-9]{0,18}$"
@@ -156,7 +162,7 @@ def _workflow_schemas() -> dict[str, Any]:
                 "nodes": {
                     "type": "array",
                     "minItems": 1,
-                    "maxItems": schema.MAX_NODES,
+                    "maxItems": MAX_NODES,
                     "items": {
                         "type": "object",
                         "properties": node_props,
@@ -167,7 +173,7 @@ def _workflow_schemas() -> dict[str, Any]:
                 },
                 "edges": {
                     "type": "array",
-                    "maxItems": schema.MAX_EDGES,
+                    "maxItems": MAX_EDGES,
                     "description": "`to` runs after `from` succeeded. Unknown node names, "
                     "repeated edges and cycles are 422.",
                     "items": {
@@ -212,6 +218,8 @@ def _workflow_schemas() -> dict[str, Any]:
 
 def _workflow_paths() -> dict[str, Any]:
     wf = _ref("Workflow")
+    location = {"required": True, "schema": {"type": "string"}, "description": "/workflows/{id}"}
+    replayed = {"required": True, "schema": {"const": "true"}}
     wf_id = {
         "name": "id",
         "in": "path",
@@ -226,16 +234,26 @@ def _workflow_paths() -> dict[str, Any]:
                 "description": "Every node is created in one transaction. Nodes with "
                 "dependencies are `waiting` until all of them succeeded; when one ends dead "
                 "or cancelled, everything downstream is cancelled (`upstream <name> "
-                "<state>`).",
+                "<state>`). With `Idempotency-Key`, as for `POST /jobs`: the same key and "
+                "the same workflow again is 200 with the same workflow and "
+                "`Idempotent-Replayed: true`; a different workflow is 422.",
+                "parameters": [IDEMPOTENCY_KEY_HEADER],
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("NewWorkflow")}},
                 },
                 "responses": {
-                    "201": _json(wf, "Created."),
+                    "201": _json(wf, "Created.", Location=location),
+                    "200": _json(
+                        wf,
+                        "A replay: this key already made this workflow from the same request.",
+                        Location=location,
+                        **{"Idempotent-Replayed": replayed},
+                    ),
                     **_responses(
                         "MalformedJson",
                         "Unauthorized",
+                        "Conflict",
                         "ContentTooLarge",
                         "UnsupportedMediaType",
                         "Unprocessable",
@@ -342,6 +360,8 @@ def _schemas() -> dict[str, Any]:
             "type": "object",
             "properties": {
                 **_new_job_properties(),
+                **_deadline_properties(),
+                **_depends_on(),
                 "idempotency_key": {
                     "type": "string",
                     "pattern": KEY_PATTERN,
@@ -643,6 +663,21 @@ def _queue_name_param() -> dict[str, Any]:
     }
 
 
+IDEMPOTENCY_KEY_HEADER: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "1-255 visible ASCII characters (spaces only "
+    "inside); the same key with a different request is 422.",
+    "schema": {
+        "type": "string",
+        "pattern": HEADER_KEY_PATTERN,
+        "minLength": 1,
+        "maxLength": schema.MAX_KEY_LEN,
+    },
+}
+
+
 def _paths() -> dict[str, Any]:
     job = _ref("Job")
     location = {"required": True, "schema": {"type": "string"}, "description": "/jobs/{id}"}
@@ -658,21 +693,7 @@ def _paths() -> dict[str, Any]:
                 "`Idempotent-Replayed: true`; the same key with a different request is 422. "
                 "Concurrent identical requests create one job; every caller gets its id. A "
                 "key lives as long as its job.",
-                "parameters": [
-                    {
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "required": False,
-                        "description": "1-255 visible ASCII characters (spaces only "
-                        "inside); the same key with a different request is 422.",
-                        "schema": {
-                            "type": "string",
-                            "pattern": HEADER_KEY_PATTERN,
-                            "minLength": 1,
-                            "maxLength": schema.MAX_KEY_LEN,
-                        },
-                    }
-                ],
+                "parameters": [IDEMPOTENCY_KEY_HEADER],
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("NewJob")}},

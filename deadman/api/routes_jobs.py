@@ -53,7 +53,11 @@ async def create_jobs(request: Request) -> Response:
         )
     jobs = schema.parse_batch(await schema.read_json(request))
     await check_queue_depth(state.store, state.settings.max_queue_depth, jobs)
-    done = await submit_batch(state.store, jobs, state.settings.max_attempts)
+    try:
+        done = await submit_batch(state.store, jobs, state.settings.max_attempts)
+    except UnknownDependency as exc:
+        field = "depends_on" if exc.index is None else f"jobs[{exc.index}].depends_on"
+        raise validation([{"field": field, "message": str(exc)}]) from None
     replayed = all(d.replayed for d in done)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     body = {"jobs": [job_json(d.job) for d in done]}

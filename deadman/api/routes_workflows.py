@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from deadman.api import schema
+from deadman.api import idempotency, schema
 from deadman.api.limits import check_queue_depth
 from deadman.api.problems import Problem
 from deadman.api.serialize import workflow_json
@@ -26,14 +26,26 @@ def _workflow_id(raw: str) -> int:
 
 
 async def create_workflow(request: Request) -> Response:
-    """201 and the workflow with its nodes, after the transaction committed."""
+    """201 and the workflow with its nodes, after the transaction committed; with an
+    Idempotency-Key already used for the same workflow, 200 and that workflow."""
     state = api_state(request)
-    wf = schema.parse_workflow(await schema.read_json(request))
+    key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
+    wf = schema.parse_workflow(await schema.read_json(request), idempotency_key=key)
     await check_queue_depth(state.store, state.settings.max_queue_depth, [j for _, j in wf.nodes])
-    row, nodes = await state.store.workflow_insert(wf, state.settings.max_attempts)
-    return JSONResponse(
-        workflow_json(row, nodes), 201, headers={"Location": f"/workflows/{row['id']}"}
-    )
+    created = await state.store.workflow_insert(wf, state.settings.max_attempts)
+    replayed = created is None
+    if created is None:
+        assert key is not None  # only a key conflict inserts nothing
+        created = await state.store.workflow_get_by_idempotency_key(key)
+        if created is None:
+            raise Problem("conflict", "the idempotency key's workflow vanished; retry")
+        if created[0]["request_hash"] != wf.request_hash():
+            raise idempotency.reused(key, f"workflow {created[0]['id']}")
+    row, nodes = created
+    headers = {"Location": f"/workflows/{row['id']}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(workflow_json(row, nodes), 200 if replayed else 201, headers=headers)
 
 
 async def get_workflow(request: Request) -> Response:

@@ -26,7 +26,15 @@ from starlette.requests import Request
 from deadman.api.problems import FieldError, Problem, validation
 from deadman.errors import InvalidJob
 from deadman.model import QUEUE_RE, TYPE_RE, Backoff, JobState, find_cycle
-from deadman.store import MAX_DELAY_MS, MAX_TIMEOUT_MS, ListParams, NewJob, NewWorkflow
+from deadman.store import (
+    MAX_DELAY_MS,
+    MAX_EDGES,
+    MAX_NODES,
+    MAX_TIMEOUT_MS,
+    ListParams,
+    NewJob,
+    NewWorkflow,
+)
 
 #: Deepest JSON nesting accepted in a body (the body object itself is level 1).
 MAX_DEPTH = 64
@@ -62,16 +70,14 @@ JOB_FIELDS = frozenset(
         "timeout_ms",
     }
 )
-BATCH_ITEM_FIELDS = JOB_FIELDS | {"idempotency_key"}
-#: Deadlines: single jobs and workflow nodes (batches do not carry them yet).
+#: Deadlines: single jobs, batch items and workflow nodes.
 DEADLINE_FIELDS = frozenset({"start_by", "deadline", "heartbeat_timeout_ms"})
 SINGLE_JOB_FIELDS = JOB_FIELDS | DEADLINE_FIELDS | {"depends_on"}
+BATCH_ITEM_FIELDS = SINGLE_JOB_FIELDS | {"idempotency_key"}
 NODE_FIELDS = JOB_FIELDS | DEADLINE_FIELDS | {"name"}
 WORKFLOW_FIELDS = frozenset({"name", "nodes", "edges"})
 EDGE_FIELDS = frozenset({"from", "to"})
 MAX_DEPENDS_ON = 100
-MAX_NODES = 1000
-MAX_EDGES = 10_000
 BACKOFF_FIELDS = frozenset({"strategy", "base_ms", "max_ms", "jitter"})
 STATE_NAMES = tuple(s.value for s in JobState)
 NAME_RULE = "must be 1-128 characters of A-Z a-z 0-9 _ . : -"
@@ -358,7 +364,7 @@ def _job_ids(value: Any, field: str, fields: _Fields) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def parse_workflow(body: Any) -> NewWorkflow:
+def parse_workflow(body: Any, *, idempotency_key: str | None = None) -> NewWorkflow:
     """``POST /workflows``: a name, 1-1000 nodes with unique names, edges between
     known nodes and no cycle. Each problem is a 422 naming its field."""
     fields = _Fields()
@@ -430,7 +436,12 @@ def parse_workflow(body: Any) -> NewWorkflow:
     if cycle:
         fields.add("edges", "form a cycle: " + " -> ".join(cycle))
         fields.raise_if_any()
-    return NewWorkflow(name=str(wf_name), nodes=tuple(nodes), edges=tuple(edges))
+    return NewWorkflow(
+        name=str(wf_name),
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        idempotency_key=idempotency_key,
+    )
 
 
 def _backoff(value: Any, field: str, fields: _Fields) -> Backoff | None:

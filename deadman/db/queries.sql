@@ -68,7 +68,8 @@ RETURNING *;
 CREATE TEMP TABLE IF NOT EXISTS deadman_stage (
     ord bigint, type text, queue text, priority integer, payload jsonb, max_attempts integer,
     backoff jsonb, timeout_ms integer, run_at timestamptz, delay_ms bigint,
-    idempotency_key text, request_hash text
+    idempotency_key text, request_hash text, start_by timestamptz, deadline timestamptz,
+    heartbeat_timeout_ms integer
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_stage_clear
@@ -78,16 +79,18 @@ DELETE FROM pg_temp.deadman_stage;
 -- name: job_stage_copy
 COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, backoff,
                             timeout_ms, run_at, delay_ms, idempotency_key,
-                            request_hash) FROM STDIN;
+                            request_hash, start_by, deadline, heartbeat_timeout_ms) FROM STDIN;
 
 -- name: job_insert_staged
 -- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
 -- Rows whose idempotency key is taken are skipped; the caller learns which by id.
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
-                          timeout_ms, run_at, idempotency_key, request_hash)
+                          timeout_ms, run_at, idempotency_key, request_hash, start_by,
+                          deadline, heartbeat_timeout_ms)
 SELECT s.type, s.queue, s.priority, s.payload,
        CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key, s.request_hash
+       s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key, s.request_hash,
+       s.start_by, s.deadline, s.heartbeat_timeout_ms
 FROM pg_temp.deadman_stage s
 CROSS JOIN LATERAL (
     SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
@@ -443,22 +446,35 @@ SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(workers)s::text[
 -- job_insert, a row whose idempotency key is taken is skipped (ON CONFLICT waits for
 -- a concurrent inserter of that key to finish) and the caller reads it by key. Rows
 -- are inserted in %(ords)s order, so ids grow with it: that is how the caller matches
--- the returned key-less rows to its input.
+-- the returned key-less rows to its input. Jobs with depends_on come with their
+-- pending count and upstream error from job_deps_lock, as in job_insert; their edges
+-- follow (job_deps_insert_many).
 WITH input AS (
     SELECT *
     FROM unnest(%(ords)s::integer[], %(types)s::text[], %(queues)s::text[],
                 %(priorities)s::integer[], %(payloads)s::jsonb[], %(max_attempts)s::integer[],
                 %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
                 %(delays_ms)s::bigint[], %(idempotency_keys)s::text[],
-                %(request_hashes)s::text[])
+                %(request_hashes)s::text[], %(pending_deps)s::integer[],
+                %(upstream_errors)s::text[], %(start_bys)s::timestamptz[],
+                %(deadlines)s::timestamptz[], %(heartbeat_timeouts_ms)s::integer[])
          AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
-              delay_ms, idempotency_key, request_hash)
+              delay_ms, idempotency_key, request_hash, pending_deps, upstream_error,
+              start_by, deadline, heartbeat_timeout_ms)
 )
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
-                          timeout_ms, run_at, idempotency_key, request_hash)
+                          timeout_ms, run_at, idempotency_key, request_hash, pending_deps,
+                          finished_at, last_error, upstream_cancelled, start_by, deadline,
+                          heartbeat_timeout_ms)
 SELECT i.type, i.queue, i.priority, i.payload,
-       CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.idempotency_key, i.request_hash
+       CASE WHEN i.upstream_error IS NOT NULL THEN 'cancelled'
+            WHEN i.pending_deps > 0 THEN 'waiting'
+            WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.idempotency_key, i.request_hash,
+       CASE WHEN i.upstream_error IS NULL THEN i.pending_deps ELSE 0 END,
+       CASE WHEN i.upstream_error IS NOT NULL THEN now() END,
+       i.upstream_error, i.upstream_error IS NOT NULL,
+       i.start_by, i.deadline, i.heartbeat_timeout_ms
 FROM input i
 CROSS JOIN LATERAL (
     SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
@@ -466,6 +482,12 @@ CROSS JOIN LATERAL (
 ORDER BY i.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
+
+-- name: job_deps_insert_many
+-- The edges of a batch's jobs with depends_on, as (job, dependency) pairs.
+INSERT INTO deadman.job_deps (job_id, depends_on)
+SELECT j, d FROM unnest(%(job_ids)s::bigint[], %(depends_on)s::bigint[]) AS t(j, d)
+ON CONFLICT DO NOTHING;
 
 -- name: job_get_many_by_idempotency_key
 -- The existing jobs behind batch rows that ON CONFLICT skipped (replays, or keys
@@ -718,20 +740,24 @@ WHERE minute > now() - %(minutes)s::integer * interval '1 minute'
 ORDER BY minute, queue, state;
 
 -- ===== Workflows =====
--- A workflow's nodes are jobs (workflow_id, node); its edges are job_deps rows. All
--- of a workflow is inserted in one transaction: workflow_insert, then
--- workflow_nodes_insert, then workflow_edges_insert. Releasing, cascading and
--- finalising happen in the jobs_state_changed trigger (migrations/0005).
+-- A workflow's nodes are jobs (workflow_id, node); its edges are job_deps rows.
+-- Releasing, cascading and finalising happen in the jobs_state_changed trigger
+-- (migrations/0005, 0006).
 
 -- name: workflow_insert
-INSERT INTO deadman.workflows (name, nodes, unfinished)
-VALUES (%(name)s, %(nodes)s, %(nodes)s)
-RETURNING *;
-
--- name: workflow_nodes_insert
--- Every node in one statement. A node with dependencies starts 'waiting' with
--- pending_deps = its in-degree; the others are due (or scheduled) at once.
-WITH input AS (
+-- The workflow, every node and every edge in one statement. A node with dependencies
+-- starts 'waiting' with pending_deps = its in-degree; the others are due (or
+-- scheduled) at once. Edges are resolved by node name through the nodes just
+-- inserted. With an Idempotency-Key that is already taken nothing is inserted and no
+-- row comes back (ON CONFLICT waits for a concurrent inserter's commit, so the
+-- caller's next statement sees its workflow).
+WITH wf AS (
+    INSERT INTO deadman.workflows (name, nodes, unfinished, idempotency_key, request_hash)
+    VALUES (%(name)s, %(nodes_count)s, %(nodes_count)s, %(idempotency_key)s,
+            %(request_hash)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), input AS (
     SELECT *
     FROM unnest(%(ords)s::integer[], %(nodes)s::text[], %(types)s::text[], %(queues)s::text[],
                 %(priorities)s::integer[], %(payloads)s::jsonb[], %(max_attempts)s::integer[],
@@ -742,29 +768,32 @@ WITH input AS (
          AS t(ord, node, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
               run_at, delay_ms, pending, has_dependents, start_by, deadline,
               heartbeat_timeout_ms)
+), inserted AS (
+    INSERT INTO deadman.jobs (workflow_id, node, type, queue, priority, payload, state,
+                              max_attempts, backoff, timeout_ms, run_at, pending_deps,
+                              has_dependents, start_by, deadline, heartbeat_timeout_ms)
+    SELECT wf.id, i.node, i.type, i.queue, i.priority, i.payload,
+           CASE WHEN i.pending > 0 THEN 'waiting'
+                WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+           i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.pending, i.has_dependents,
+           i.start_by, i.deadline, i.heartbeat_timeout_ms
+    FROM wf CROSS JOIN input i
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
+    ) AS r(run_at)
+    ORDER BY i.ord
+    RETURNING id, node
+), edges AS (
+    INSERT INTO deadman.job_deps (job_id, depends_on)
+    SELECT t.id, f.id
+    FROM unnest(%(froms)s::text[], %(tos)s::text[]) AS e(src, dst)
+    JOIN inserted f ON f.node = e.src
+    JOIN inserted t ON t.node = e.dst
 )
-INSERT INTO deadman.jobs (workflow_id, node, type, queue, priority, payload, state,
-                          max_attempts, backoff, timeout_ms, run_at, pending_deps,
-                          has_dependents, start_by, deadline, heartbeat_timeout_ms)
-SELECT %(workflow_id)s, i.node, i.type, i.queue, i.priority, i.payload,
-       CASE WHEN i.pending > 0 THEN 'waiting'
-            WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.pending, i.has_dependents,
-       i.start_by, i.deadline, i.heartbeat_timeout_ms
-FROM input i
-CROSS JOIN LATERAL (
-    SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
-) AS r(run_at)
-ORDER BY i.ord
-RETURNING id, node;
+SELECT * FROM wf;
 
--- name: workflow_edges_insert
--- Edges by node name, resolved through jobs_workflow_node_uq.
-INSERT INTO deadman.job_deps (job_id, depends_on)
-SELECT t.id, f.id
-FROM unnest(%(froms)s::text[], %(tos)s::text[]) AS e(src, dst)
-JOIN deadman.jobs f ON f.workflow_id = %(workflow_id)s AND f.node = e.src
-JOIN deadman.jobs t ON t.workflow_id = %(workflow_id)s AND t.node = e.dst;
+-- name: workflow_get_by_idempotency_key
+SELECT * FROM deadman.workflows WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: workflow_get
 SELECT * FROM deadman.workflows WHERE id = %(id)s;

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -18,14 +18,13 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
-from deadman.errors import InvalidJob
 from deadman.model import Job
 from deadman.rescuer import Rescuer
-from deadman.store import ClaimParams
+from deadman.store import ClaimParams, UnknownDependency
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row, with_store
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client, assert_problem
+from tests.integration.test_api_support import api_client, assert_problem, error_fields
 from tests.integration.test_worker_inprocess import (
     SETTINGS,
     effects,
@@ -34,6 +33,7 @@ from tests.integration.test_worker_inprocess import (
     state_of,
     wait_terminal,
 )
+from tests.integration.test_workflows import run as run_job
 
 release_thread = threading.Event()
 seen_cancel = threading.Event()
@@ -258,14 +258,74 @@ def test_a_handler_that_finished_first_stays_succeeded_and_the_cancel_is_409(
         assert (row["state"], row["cancel_requested"]) == ("succeeded", False)
 
 
-def test_batches_refuse_the_fields_they_cannot_carry(db_dsn: str, client: Client) -> None:
-    """Batches do not carry depends_on or the deadlines yet: refused, never dropped."""
-    with pytest.raises(InvalidJob, match="only supported by single enqueues"):
-        client.enqueue_many([client.job("noop"), client.job("noop", heartbeat_timeout=1)])
-    with api_client(db_dsn) as c:
-        r = c.post(
-            "/jobs/batch", json={"jobs": [{"type": "noop", "deadline": "2999-01-01T00:00:00Z"}]}
-        )
-        assert_problem(r, 422)
+def test_batches_carry_deadlines_and_dependencies(db_dsn: str, client: Client) -> None:
+    """Client.enqueue_many (COPY, or one insert per job when some job has depends_on)
+    and POST /jobs/batch keep start_by, deadline, heartbeat_timeout and depends_on."""
+    later = datetime(2999, 1, 1, tzinfo=UTC)
+    ids = client.enqueue_many(
+        [client.job("noop", start_by=later, deadline=later, heartbeat_timeout=1.5)]
+    )
+    a = client.enqueue("noop")
+    dead = client.enqueue("noop")
     with connect(db_dsn) as conn:
-        assert conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone() == {"n": 0}
+        row = job_row(conn, ids[0])
+        assert (row["start_by"], row["deadline"], row["heartbeat_timeout_ms"]) == (
+            later,
+            later,
+            1500,
+        )
+        conn.execute(
+            "UPDATE deadman.jobs SET state = 'dead', finished_at = now() WHERE id = %s",
+            (dead.id,),
+        )
+        w1, w2 = client.enqueue_many(
+            [client.job("noop", depends_on=[a]), client.job("noop", depends_on=[a, dead])]
+        )
+        assert (job_row(conn, w1)["state"], job_row(conn, w1)["pending_deps"]) == ("waiting", 1)
+        assert (job_row(conn, w2)["state"], job_row(conn, w2)["last_error"]) == (
+            "cancelled",
+            f"upstream job {dead.id} dead",
+        )
+        with pytest.raises(UnknownDependency):
+            client.enqueue_many([client.job("noop"), client.job("noop", depends_on=[987654])])
+        before = conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone()
+
+        batch = {
+            "jobs": [
+                {"type": "noop", "deadline": "2999-01-01T00:00:00Z", "idempotency_key": "b1"},
+                {"type": "noop", "depends_on": [str(a.id)], "idempotency_key": "b2"},
+                {"type": "noop", "depends_on": [str(dead.id)]},
+            ]
+        }
+        with api_client(db_dsn) as c:
+            r = c.post("/jobs/batch", json=batch)
+            assert r.status_code == 201, r.text
+            got = r.json()["jobs"]
+            assert [j["state"] for j in got] == ["queued", "waiting", "cancelled"]
+            assert got[0]["deadline"] == "2999-01-01T00:00:00.000000Z"
+            edges = conn.execute(
+                "SELECT job_id, depends_on FROM deadman.job_deps WHERE job_id = ANY(%s)",
+                ([int(j["id"]) for j in got],),
+            ).fetchall()
+            assert {(e["job_id"], e["depends_on"]) for e in edges} == {
+                (int(got[1]["id"]), a.id),
+                (int(got[2]["id"]), dead.id),
+            }
+            # a replay of the keyed part adds no edge and no job
+            r = c.post("/jobs/batch", json={"jobs": batch["jobs"][:2]})
+            assert r.status_code == 200 and r.headers["idempotent-replayed"] == "true"
+            bad = c.post(
+                "/jobs/batch",
+                json={"jobs": [{"type": "noop"}, {"type": "noop", "depends_on": ["987654"]}]},
+            )
+            assert_problem(bad, 422)
+            assert error_fields(bad) == {"jobs[1].depends_on"}
+        after = conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone()
+        assert after is not None and before is not None
+        assert after["n"] == before["n"] + 3
+        assert conn.execute("SELECT count(*) AS n FROM deadman.job_deps").fetchone() == {"n": 5}
+
+        # the dependency succeeds: the batch's waiting jobs are released
+        run_job(conn, a.id)
+        assert job_row(conn, w1)["state"] == "queued"
+        assert job_row(conn, int(got[1]["id"]))["state"] == "queued"
