@@ -311,10 +311,18 @@ def rescue(dsn: str, n: int, markdir: Path, logdir: Path) -> dict[str, Any]:
         stop(a)
     lat = sorted(s - killed_at for s in rerun())
     with psycopg.connect(dsn) as conn:
-        outcomes = Counter(
-            dict(conn.execute("SELECT outcome, count(*) FROM deadman.attempts GROUP BY 1"))
+        outcomes: Counter[str] = Counter(
+            {
+                str(o): int(c)
+                for o, c in conn.execute(
+                    "SELECT outcome, count(*) FROM deadman.attempts GROUP BY 1"
+                )
+            }
         )
-        states = dict(conn.execute("SELECT state, count(*) FROM deadman.jobs GROUP BY 1"))
+        states: dict[str, int] = {
+            str(s): int(c)
+            for s, c in conn.execute("SELECT state, count(*) FROM deadman.jobs GROUP BY 1")
+        }
     starts = Counter(i for i, _, _ in read_marks(markdir))
     ok = (
         states == {"succeeded": n}

@@ -110,11 +110,75 @@ def bulk_bars(data: dict[str, Any], out: Path) -> Path | None:
     return path
 
 
+def retention_sizes(data: dict[str, Any], out: Path) -> Path | None:
+    """Jobs table heap and index size, dead tuples, and jobs finished per second over
+    the steady run, with the window of the open transaction shaded."""
+    ret = data.get("retention")
+    if not ret or not ret.get("samples"):
+        return None
+    samples = ret["samples"]
+    ts = [s["t_s"] for s in samples]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True)
+    top.plot(ts, [s["heap_bytes"] / 2**20 for s in samples], marker="o", label="heap MiB")
+    top.plot(ts, [s["index_bytes"] / 2**20 for s in samples], marker="s", label="indexes MiB")
+    top.set_ylabel("deadman.jobs size, MiB")
+    top.set_ylim(bottom=0)
+    dead = top.twinx()
+    dead.plot(
+        ts,
+        [s["n_dead_tup"] / 1000 for s in samples],
+        color="#999999",
+        linestyle=":",
+        marker=".",
+        label="dead tuples (k)",
+    )
+    dead.set_ylabel("dead tuples, thousands")
+    dead.set_ylim(bottom=0)
+    bottom.plot(
+        ts,
+        [s["finished_per_s"] for s in samples],
+        marker="o",
+        color=COLORS["deadman"],
+        label="jobs finished/s (interval)",
+    )
+    bottom.plot(ts, [s["backlog"] for s in samples], color="#d1242f", label="backlog (jobs)")
+    bottom.set_ylabel("jobs/s, jobs")
+    bottom.set_xlabel("seconds since the load started")
+    bottom.set_ylim(bottom=0)
+    hold = ret.get("hold")
+    if hold:
+        for ax in (top, bottom):
+            ax.axvspan(hold["began_s"], hold["ended_s"], color="#f0b400", alpha=0.25)
+        top.text(
+            hold["began_s"],
+            top.get_ylim()[1] * 0.95,
+            " transaction open",
+            fontsize=8,
+            va="top",
+        )
+    lines = top.get_legend_handles_labels()
+    lines2 = dead.get_legend_handles_labels()
+    top.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    bottom.legend(fontsize=8, loc="upper left")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    top.set_title(
+        f"{ret['rate']} jobs/s for {ret['duration_s']:.0f} s, retention "
+        f"{ret['retention_s']:g} s, {ret['workers']} workers"
+    )
+    fig.tight_layout()
+    path = out / "retention.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_all(data: dict[str, Any], out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     made = {
         "throughput": throughput_grid(data, out),
         "latency": latency_bars(data, out),
         "bulk": bulk_bars(data, out),
+        "retention": retention_sizes(data, out),
     }
     return {k: v for k, v in made.items() if v is not None}

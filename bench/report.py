@@ -75,6 +75,7 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
         "- **Profile**: py-spy (sampling, 250 Hz, non-blocking) attached to the Deadman "
         "worker during one burn-down run; CPU split from /proc during the burn-down.\n"
     )
+    _method_more(data, w)
     w("## Machine\n")
     s = m["pg_settings"]
     w("| | |\n|---|---|")
@@ -134,16 +135,11 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _rescue(data, w)
     _profile(data, w)
     _scaling(data, w)
-    w("## Not measured yet\n")
-    w(
-        "- Scale: claim latency with 1,000,000 jobs queued and after 1,000,000 completed.\n"
-        "- A 10-minute steady run with retention on: table and index size, dead tuples.\n"
-        "- The effect of a transaction held open for 2 minutes on throughput and bloat.\n"
-        "- HTTP: single submissions/s with Idempotency-Key over keep-alive, and "
-        "`POST /jobs/batch` jobs/s.\n"
-        "- Latency at other offered loads (only one rate is measured), and oban (Python).\n"
-        "- Before/after figures for the profile's proposals (not applied yet).\n"
-    )
+    _http(data, w)
+    _scale(data, w)
+    _retention(data, w, plots, md_path)
+    _phases(data, w)
+    _not_measured(data, w)
     return "\n".join(out) + "\n"
 
 
@@ -182,15 +178,17 @@ def _summary(data: dict[str, Any], w: Any) -> None:
         d = lat["deadman"]
         met50 = "yes" if d["p50_ms"] <= 1.5 else "no"
         met99 = "yes" if d["p99_ms"] <= 3.0 else "no"
-        peers = [(p, lat[p]) for p in PEERS if lat.get(p, {}).get("ok")]
-        bp = min(peers, key=lambda x: x[1]["p50_ms"]) if peers else (None, {})
+        lat_peers: list[tuple[str | None, dict[str, Any]]] = [
+            (p, lat[p]) for p in PEERS if lat.get(p, {}).get("ok")
+        ]
+        lbp = min(lat_peers, key=lambda x: x[1]["p50_ms"]) if lat_peers else (None, {})
         w(
-            f"| latency p50 ≤ 1.5 ms | {_f(d['p50_ms'], 2)} ms | {_f(bp[1].get('p50_ms'), 2)} "
-            f"({bp[0]}) | {_ratio(d['p50_ms'], bp[1].get('p50_ms'))} | {met50} |"
+            f"| latency p50 ≤ 1.5 ms | {_f(d['p50_ms'], 2)} ms | {_f(lbp[1].get('p50_ms'), 2)} "
+            f"({lbp[0]}) | {_ratio(d['p50_ms'], lbp[1].get('p50_ms'))} | {met50} |"
         )
         w(
-            f"| latency p99 ≤ 3 ms | {_f(d['p99_ms'], 2)} ms | {_f(bp[1].get('p99_ms'), 2)} "
-            f"({bp[0]}) | {_ratio(d['p99_ms'], bp[1].get('p99_ms'))} | {met99} |"
+            f"| latency p99 ≤ 3 ms | {_f(d['p99_ms'], 2)} ms | {_f(lbp[1].get('p99_ms'), 2)} "
+            f"({lbp[0]}) | {_ratio(d['p99_ms'], lbp[1].get('p99_ms'))} | {met99} |"
         )
     r = data.get("rescue", {})
     if r.get("ok"):
@@ -199,6 +197,44 @@ def _summary(data: dict[str, Any], w: Any) -> None:
             f"| rescue p99 ≤ TTL + rescue + 1 s ({r['bound_s']:.0f} s) | {r['p99_s']:.2f} s | "
             f"| | {met} |"
         )
+    sc = data.get("scale", {})
+    if sc.get("ok"):
+        for name in ("queued", "completed", "completed_vacuumed"):
+            p = sc["points"][name]
+            met = "yes" if max(p["p50_ratio"], p["p99_ratio"]) <= 2.0 else "no"
+            w(
+                f"| claim p50 / p99 {SCALE_POINTS[name].format(n=sc['n'])} ≤ 2x near-empty | "
+                f"{p['p50_ms']:.2f} / {p['p99_ms']:.2f} ms | | {p['p50_ratio']:.2f}x / "
+                f"{p['p99_ratio']:.2f}x of near-empty | {met} |"
+            )
+    elif sc:
+        w(
+            f"| scale (claim latency ≤ 2x near-empty) | FAILED: {sc.get('error') or 'check'} "
+            "| | | no |"
+        )
+    ht = data.get("http", {})
+    for r in ht.get("results", []):
+        if r["mode"] in ("keyed", "batch"):
+            w(
+                f"| HTTP {r['label']} (no target figure; no peer has an HTTP API) | "
+                f"{_f(r['jobs_per_s'])} jobs/s | | | {'measured' if r['ok'] else 'FAILED'} |"
+            )
+    ret = data.get("retention", {})
+    hold = ret.get("hold")
+    if ret.get("samples") and hold:
+        before = [x for x in ret["samples"] if x["t_s"] <= hold["began_s"]]
+        during = [x for x in ret["samples"] if hold["began_s"] < x["t_s"] <= hold["ended_s"]]
+        end = ret["samples"][-1]
+        if before and during:
+            b, d = before[-1], during[-1]
+            w(
+                f"| retention on, {hold['ended_s'] - hold['began_s']:.0f} s open transaction: "
+                "jobs table total size (no target figure) | "
+                f"{_mib(b['total_bytes'])} MiB before it → {_mib(d['total_bytes'])} MiB while "
+                f"open → {_mib(end['total_bytes'])} MiB at the end | | "
+                f"{d['total_bytes'] / max(b['total_bytes'], 1):.2f}x while open | "
+                f"{'measured' if ret.get('ok') else 'FAILED'} |"
+            )
     w(
         "\nLatency ratios are Deadman ÷ peer (lower is better); throughput ratios "
         "Deadman ÷ peer (higher is better).\n"
@@ -508,6 +544,307 @@ def _scaling(data: dict[str, Any], w: Any) -> None:
             "the profile and the statements table)."
         )
     w("\n".join(lines) + "\n")
+
+
+SCALE_POINTS = {
+    "near_empty": "near-empty table",
+    "queued": "with {n:,} jobs queued",
+    "completed": "after {n:,} jobs completed",
+    "completed_vacuumed": "after {n:,} completed + VACUUM",
+}
+
+
+def _mib(b: int | float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:,.1f}"
+
+
+def _method_more(data: dict[str, Any], w: Any) -> None:
+    plan = data["plan"]
+    lines = []
+    if "http" in data and "http_s" in plan:
+        lines.append(
+            f"- **HTTP**: one `deadman serve` process (one uvicorn worker) on 127.0.0.1, no "
+            f"job workers; {plan['http_clients']} client threads, each with one keep-alive "
+            f"httpx connection, send as fast as answers come back for {plan['http_s']:g} s "
+            "per mode: `POST /jobs` without, then with a new Idempotency-Key per job, then "
+            "`POST /jobs/batch` with 100 jobs per request. After each mode every acknowledged "
+            "id must be in the table exactly once, the table must hold nothing that was not "
+            "acknowledged, and no request may be refused.\n"
+        )
+    if "scale" in data and "scale_n" in plan:
+        lines.append(
+            f"- **Scale**: claim latency at four points of one database: near-empty; "
+            f"{plan['scale_n']:,} jobs queued (enqueued with `Client.enqueue_many`, then "
+            f"`VACUUM ANALYZE`); after those {plan['scale_n']:,} jobs were *run* by real "
+            "`deadman worker` processes (not seeded with SQL), measured at once with whatever "
+            "autovacuum had not yet reclaimed; and the same after a manual `VACUUM ANALYZE`. "
+            f"At each point {plan['scale_samples']:,} timed claims, each one cycle of: enqueue "
+            "10 no-op jobs (untimed), `AsyncStore.job_claim` with the default batch (10 = the "
+            "default concurrency; the call the worker's producer makes), timed on the client "
+            "(round trip plus building the Job objects), then finishing the 10 (untimed). One "
+            "pooled connection, 10 warm-up cycles first. Every job in the table must end "
+            "'succeeded' with exactly one attempt row.\n"
+        )
+    if "retention" in data and "retention_duration_s" in plan:
+        h = plan["retention_hold"]
+        lines.append(
+            f"- **Retention and an open transaction**: {plan['retention_rate']} jobs/s "
+            f"enqueued (`Client.enqueue_many`, 10 batches a second) for "
+            f"{plan['retention_duration_s']:.0f} s into a fresh database, "
+            f"{plan['retention_workers']} `deadman worker` processes (defaults otherwise) "
+            f"with `DEADMAN_RETENTION_SUCCEEDED_S={plan['retention_keep_s']:g}`, sampled every "
+            f"{plan['retention_every_s']:g} s. From {h[0]:g} s to {h[1]:g} s a separate "
+            "connection to the same database holds a transaction open (`BEGIN; SELECT "
+            "txid_current();`, idle, then `ROLLBACK`). Each job's handler records its number "
+            "and start time; after the load the backlog is drained and every acknowledged "
+            "job must have started exactly once.\n"
+        )
+    for line in lines:
+        w(line.rstrip("\n"))
+    if lines:
+        w("")
+
+
+def _http(data: dict[str, Any], w: Any) -> None:
+    ht = data.get("http")
+    if not ht:
+        return
+    w("## HTTP submissions\n")
+    if not ht.get("results"):
+        w(f"FAILED: {ht.get('error')}\n")
+        return
+    w(
+        f"{ht['server']}; {ht['clients']} client threads, each with one keep-alive "
+        f"connection, {ht['seconds']:g} s per mode.\n"
+    )
+    w("| mode | jobs/s | requests/s | acknowledged | non-201 | each acked job stored once |")
+    w("|---|---|---|---|---|---|")
+    for r in ht["results"]:
+        v = r["verify"]
+        ok = (
+            "yes"
+            if r["ok"]
+            else f"**NO** (found {v['found']}, distinct {v['distinct']}, in table "
+            f"{v['rows_in_table']} for {v['acknowledged_so_far']} acked, codes "
+            f"{v['non_201_codes']})"
+        )
+        w(
+            f"| {r['label']} | {_f(r['jobs_per_s'])} | {_f(r['requests_per_s'])} | "
+            f"{r['acknowledged']:,} | {r['non_201']} | {ok} |"
+        )
+    by = {r["mode"]: r for r in ht["results"]}
+    if "plain" in by and "keyed" in by and by["plain"]["jobs_per_s"]:
+        cost = 1 - by["keyed"]["jobs_per_s"] / by["plain"]["jobs_per_s"]
+        w(
+            f"\nThe Idempotency-Key changed single-submission throughput by {-cost:+.1%} in "
+            "this run. No peer offers an HTTP API, so there is no ratio.\n"
+        )
+    w("")
+
+
+def _scale(data: dict[str, Any], w: Any) -> None:
+    sc = data.get("scale")
+    if not sc:
+        return
+    w("## Scale: claim latency as the table grows\n")
+    if "points" not in sc:
+        w(f"FAILED: {sc.get('error')}\n")
+        return
+    if not sc.get("ok"):
+        w(f"> **This phase failed its check**: {sc.get('verify')}\n")
+    w(
+        f"{sc['samples']:,} timed claims of {sc['batch']} jobs per point. The {sc['n']:,} "
+        f"jobs were enqueued in {sc['seed_s']:.1f} s ({_f(sc['seed_jobs_per_s'])} jobs/s) and "
+        f"run by `{sc['run_setting']}` in {sc['run_s']:.1f} s ({_f(sc['run_jobs_per_s'])} "
+        f"jobs/s); the manual VACUUM ANALYZE took {sc['vacuum_s']:.1f} s. Verified: "
+        f"{'yes' if sc.get('ok') else 'NO'} ({sc['verify']['jobs']:,} jobs, "
+        f"{sc['verify']['attempt_rows']:,} attempt rows, all 'succeeded').\n"
+    )
+    w(
+        "| point | claim p50 ms | p90 ms | p99 ms | max ms | p50 / p99 vs near-empty | "
+        "server ms (EXPLAIN ANALYZE) | pages touched |"
+    )
+    w("|---|---|---|---|---|---|---|---|")
+    for name, label in SCALE_POINTS.items():
+        p = sc["points"][name]
+        ratio = (
+            "1.00x / 1.00x"
+            if name == "near_empty"
+            else f"{p['p50_ratio']:.2f}x / {p['p99_ratio']:.2f}x"
+        )
+        w(
+            f"| {label.format(n=sc['n'])} | {p['p50_ms']:.2f} | {p['p90_ms']:.2f} | "
+            f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} | {ratio} | "
+            f"{p['explain']['execution_ms_median']:.3f} | {p['explain']['shared_buffers_median']} |"
+        )
+    w("\nTable sizes when each point was measured (before its claims):\n")
+    w(
+        "| point | job states | jobs heap MiB | jobs indexes MiB | jobs_claim_idx MiB | "
+        "jobs live / dead tuples | jobs autovacuums | attempts heap / indexes MiB |"
+    )
+    w("|---|---|---|---|---|---|---|---|")
+    for name, label in SCALE_POINTS.items():
+        z = sc["points"][name]["sizes"]
+        j, a = z.get("jobs", {}), z.get("attempts", {})
+        states = ", ".join(f"{k} {v:,}" for k, v in sorted(z.get("states", {}).items())) or "empty"
+        w(
+            f"| {label.format(n=sc['n'])} | {states} | {_mib(j.get('heap_bytes'))} | "
+            f"{_mib(j.get('index_bytes'))} | {_mib(z.get('jobs_claim_idx_bytes'))} | "
+            f"{j.get('n_live_tup', 0):,} / {j.get('n_dead_tup', 0):,} | "
+            f"{j.get('autovacuum_count', 0)} | {_mib(a.get('heap_bytes'))} / "
+            f"{_mib(a.get('index_bytes'))} |"
+        )
+    w(
+        "\nLive/dead tuples are Postgres's statistics estimates (pg_stat_user_tables). "
+        "'Server ms' and 'pages touched' (shared buffers hit + read) are of one claim run "
+        "under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back transaction that first inserts 10 "
+        "due jobs (median of 5): the pages it walked to find its 10 jobs plus those it "
+        "wrote to update them and their index entries.\n"
+    )
+
+
+def _retention(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -> None:
+    ret = data.get("retention")
+    if not ret:
+        return
+    w("## Retention, bloat and a transaction held open\n")
+    if "samples" not in ret:
+        w(f"FAILED: {ret.get('error')}\n")
+        return
+    v, hold = ret["verify"], ret.get("hold")
+    w(
+        f"{ret['rate']} jobs/s offered for {ret['duration_s']:.0f} s, retention "
+        f"{ret['retention_s']:g} s, {ret['workers']} workers, a sample every "
+        f"{ret['every_s']:g} s. "
+        + (
+            f"Transaction held open from {hold['began_s']:.0f} s to {hold['ended_s']:.0f} s "
+            f"(xid {hold['xid']}). "
+            if hold
+            else "No transaction held open. "
+        )
+        + f"{v['produced']:,} jobs enqueued; after the load the backlog drained in "
+        f"{ret['drain_s']:.1f} s; {v['executions']:,} handler starts, missing {v['missing']}, "
+        f"doubled {v['doubled']}; {v['pruned']:,} jobs pruned by retention, "
+        f"{sum(v['states_left'].values()):,} left (all 'succeeded': "
+        f"{'yes' if set(v['states_left']) <= {'succeeded'} else 'NO'}). Verified: "
+        f"{'yes' if ret['ok'] else '**NO**'}. Producer's worst lag behind its schedule: "
+        f"{ret['producer_max_lag_s']:.2f} s.\n"
+    )
+    w(
+        "| t (s) | enqueued | finished/s in interval | backlog | start latency p50 / p99 ms | "
+        "live rows | dead tuples | heap MiB | indexes MiB | autovacuums | oldest xmin age | "
+        "txn open |"
+    )
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in ret["samples"]:
+        w(
+            f"| {s['t_s']:.0f} | {s['enqueued_total']:,} | {_f(s['finished_per_s'])} | "
+            f"{s['backlog']:,} | {_f(s.get('start_latency_p50_ms'), 1)} / "
+            f"{_f(s.get('start_latency_p99_ms'), 1)} | {s['n_live_tup']:,} | "
+            f"{s['n_dead_tup']:,} | {_mib(s['heap_bytes'])} | {_mib(s['index_bytes'])} | "
+            f"{s['autovacuum_count']} | {s['oldest_xmin_age']:,} | "
+            f"{'yes' if s['transaction_open'] else ''} |"
+        )
+    w(
+        "\n'finished/s' is (jobs acknowledged to the producer minus backlog) per interval, exact "
+        "to "
+        "within one producer batch; 'start latency' is from just before the job's batch was "
+        "enqueued (its COMMIT included) to its handler's start, for the jobs "
+        "that started in the interval; live/dead tuples are Postgres's estimates.\n"
+    )
+    if hold:
+        samples = ret["samples"]
+        before = [s for s in samples if s["t_s"] <= hold["began_s"]]
+        during = [s for s in samples if hold["began_s"] < s["t_s"] <= hold["ended_s"]]
+        after = [s for s in samples if s["t_s"] > hold["ended_s"]]
+        if before and during:
+            b, d = before[-1], during[-1]
+            lines = [
+                f"- Just before the transaction opened ({b['t_s']:.0f} s): heap "
+                f"{_mib(b['heap_bytes'])} MiB, indexes {_mib(b['index_bytes'])} MiB, "
+                f"{b['n_dead_tup']:,} dead tuples.",
+                f"- At the last sample with it open ({d['t_s']:.0f} s): heap "
+                f"{_mib(d['heap_bytes'])} MiB, indexes {_mib(d['index_bytes'])} MiB, "
+                f"{d['n_dead_tup']:,} dead tuples (max during the window "
+                f"{max(s['n_dead_tup'] for s in during):,}).",
+            ]
+            if after:
+                a = after[-1]
+                lines.append(
+                    f"- At the end ({a['t_s']:.0f} s, {a['t_s'] - hold['ended_s']:.0f} s after "
+                    f"the ROLLBACK): heap {_mib(a['heap_bytes'])} MiB, indexes "
+                    f"{_mib(a['index_bytes'])} MiB, {a['n_dead_tup']:,} dead tuples. Vacuum "
+                    "cannot hand back to the OS the pages it frees (only trailing empty pages), "
+                    "so a heap that grew during the window stays that size and is reused."
+                )
+
+            def mean_rate(xs: list[dict[str, Any]]) -> float | None:
+                return sum(s["finished_per_s"] for s in xs) / len(xs) if xs else None
+
+            rb, rd, ra = mean_rate(before[1:]), mean_rate(during), mean_rate(after)
+            lines.append(
+                f"- Jobs finished per second, mean of the samples: before {_f(rb)} "
+                f"(first sample excluded), during {_f(rd)}, after {_f(ra)}; offered "
+                f"{ret['rate']}."
+            )
+            w("\n".join(lines) + "\n")
+    if "retention" in plots:
+        w(f"![table size over time]({_rel(plots['retention'], md_path)})\n")
+
+
+def _phases(data: dict[str, Any], w: Any) -> None:
+    ph = data.get("phase_s")
+    if not ph:
+        return
+    w("## Phase timings\n")
+    w("| phase | seconds |\n|---|---|")
+    for name, secs in ph.items():
+        w(f"| {name} | {secs:,.1f} |")
+    w(f"| total (wall) | {data['wall_s']:,.1f} |\n")
+
+
+def _not_measured(data: dict[str, Any], w: Any) -> None:
+    w("## Not measured yet\n")
+    gaps = []
+    plan = data["plan"]
+    for phase, what in (
+        ("bulk", "Bulk enqueue (phase skipped in this run)."),
+        ("burn", "Burn-down throughput (phase skipped in this run)."),
+        ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
+        ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
+        ("profile", "Profile of the worker (phase skipped in this run)."),
+        (
+            "http",
+            "HTTP: single submissions/s with Idempotency-Key over keep-alive, and "
+            "`POST /jobs/batch` jobs/s (phase skipped in this run).",
+        ),
+        (
+            "scale",
+            "Scale: claim latency with many jobs queued and after many completed "
+            "(phase skipped in this run).",
+        ),
+        (
+            "retention",
+            "A steady run with retention on and a transaction held open (phase skipped "
+            "in this run).",
+        ),
+    ):
+        if phase not in data:
+            gaps.append(f"- {what}")
+    if plan["mode"] != "full":
+        gaps.append(
+            "- Everything at full size: this is a quick smoke run (small counts, one "
+            "repetition, a short retention run); its numbers are not the benchmark."
+        )
+    gaps += [
+        "- Latency at other offered loads (only one rate is measured), and oban (Python).",
+        "- HTTP with several `deadman serve` processes, or with workers running at the same "
+        "time as the submissions.",
+        "- Claim latency under contention (several claimers at once) at the scale points; "
+        "the scale phase times one claimer.",
+        "- Before/after figures for the profile's proposals (not applied yet).",
+    ]
+    w("\n".join(gaps) + "\n")
 
 
 def write(data: dict[str, Any], md_path: Path, plot_dir: Path) -> None:

@@ -1,7 +1,9 @@
 """Run the benchmark suite and write raw JSON, plots and BENCHMARKS.md.
 
-    python -m bench.run            # full: 20,000 jobs, median of 3 (make bench)
-    python -m bench.run --quick    # smoke: small counts, 1 rep (make bench-quick)
+    python -m bench.run            # full: 20,000 jobs, median of 3, 1M-job scale,
+                                   # 10-minute retention run (make bench, < 30 min)
+    python -m bench.run --quick    # smoke: small counts, 1 rep (make bench-quick, < 5 min)
+    python -m bench.run --only http,scale   # a subset of the phases
 
 One private durable cluster per run (fsync on, synchronous_commit on), one fresh
 database per system. Systems run one after another, never at the same time.
@@ -17,10 +19,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import deadman_bench as dm
+from bench import http_submit, retention, scale
 from bench.common import (
     ROOT,
     code_fingerprint,
@@ -53,6 +57,17 @@ class Plan:
     latency_s: float
     rescue_n: int
     profile: tuple[int, int]
+    http_s: float  # seconds per HTTP mode
+    http_clients: int
+    scale_n: int  # jobs queued, then completed, for the scale points
+    scale_samples: int  # timed claims per point
+    scale_run_timeout_s: float  # bound on running the scale_n jobs
+    retention_duration_s: float
+    retention_rate: int
+    retention_keep_s: float  # DEADMAN_RETENTION_SUCCEEDED_S
+    retention_workers: int
+    retention_every_s: float
+    retention_hold: tuple[float, float]  # transaction held open from, to (s)
 
 
 QUICK = Plan(
@@ -68,6 +83,17 @@ QUICK = Plan(
     latency_s=5,
     rescue_n=10,
     profile=(1, 50),
+    http_s=2,
+    http_clients=8,
+    scale_n=20_000,
+    scale_samples=200,
+    scale_run_timeout_s=120,
+    retention_duration_s=60,
+    retention_rate=500,
+    retention_keep_s=15,
+    retention_workers=2,
+    retention_every_s=5,
+    retention_hold=(20, 40),
 )
 FULL = Plan(
     mode="full",
@@ -82,6 +108,17 @@ FULL = Plan(
     latency_s=20,
     rescue_n=100,
     profile=(1, 200),
+    http_s=10,
+    http_clients=8,
+    scale_n=1_000_000,
+    scale_samples=1_000,
+    scale_run_timeout_s=900,
+    retention_duration_s=600,
+    retention_rate=500,
+    retention_keep_s=60,
+    retention_workers=2,
+    retention_every_s=30,
+    retention_hold=(240, 360),
 )
 
 
@@ -153,7 +190,7 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
                 "deadman",
                 p,
                 c,
-                lambda p=p, c=c: dm.burn_down(dsns["deadman"], plan.burn_n, p, c, logdir),
+                partial(dm.burn_down, dsns["deadman"], plan.burn_n, p, c, logdir),
             )
         )
     for p, b in plan.pgqueuer_grid:
@@ -162,7 +199,7 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
                 "pgqueuer",
                 p,
                 b,
-                lambda p=p, b=b: pgq.burn_down(dsns["pgqueuer"], plan.burn_n, p, b, logdir, ready),
+                partial(pgq.burn_down, dsns["pgqueuer"], plan.burn_n, p, b, logdir, ready),
             )
         )
     for p, c in plan.procrastinate_grid:
@@ -171,8 +208,8 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
                 "procrastinate",
                 p,
                 c,
-                lambda p=p, c=c: pro.burn_down(
-                    dsns["procrastinate"], plan.procrastinate_n, p, c, logdir, ready
+                partial(
+                    pro.burn_down, dsns["procrastinate"], plan.procrastinate_n, p, c, logdir, ready
                 ),
             )
         )
@@ -265,18 +302,29 @@ def profile(plan: Plan, dsn: str, work: Path, logdir: Path) -> dict[str, Any]:
     return out
 
 
+PHASES = ("bulk", "burn", "latency", "rescue", "profile", "http", "scale", "retention")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run")
-    ap.add_argument("--quick", action="store_true", help="small counts, 1 rep (< 3 min)")
+    ap.add_argument("--quick", action="store_true", help="small counts, 1 rep (< 5 min)")
     ap.add_argument("--out", help="raw JSON path (default bench/results/<mode>-<time>.json)")
     ap.add_argument(
+        "--md",
+        help="report path, plots in a 'plots' directory next to it (default: BENCHMARKS.md "
+        "for a full run of every phase, else under bench/results/)",
+    )
+    ap.add_argument(
         "--only",
-        default="bulk,burn,latency,rescue,profile",
-        help="comma-separated subset of bulk,burn,latency,rescue,profile",
+        default=",".join(PHASES),
+        help="comma-separated subset of " + ",".join(PHASES),
     )
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     only = set(args.only.split(","))
+    unknown = only - set(PHASES)
+    if unknown:
+        ap.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     results_dir = ROOT / "bench" / "results"
     work = results_dir / f"{plan.mode}-{stamp}"
@@ -290,32 +338,87 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": load(),
         "code_start": code_fingerprint(),
         "git_head": _git_head(),
+        "phases": [p for p in PHASES if p in only],
+        "phase_s": {},
     }
+
+    def phase(name: str, fn: Callable[[], Any]) -> None:
+        if name not in only:
+            return
+        log(f"phase {name}: start")
+        t0 = time.monotonic()
+        data[name] = fn()
+        data["phase_s"][name] = round(time.monotonic() - t0, 1)
+        log(f"phase {name}: {data['phase_s'][name]} s")
+
     with durable_cluster() as cluster:
         dsns = {
             name: create_database(cluster, f"bench_{name}")
             for name in ("deadman", "pgqueuer", "procrastinate")
         }
+        t0 = time.monotonic()
         dm.setup(dsns["deadman"])
         pgq.setup(dsns["pgqueuer"])
         pro.setup(dsns["procrastinate"])
         data["machine"] = machine(dsns["deadman"])
         data["machine"]["commit_probe"] = commit_probe(dsns["deadman"])
         data["versions"] = _versions()
+        data["phase_s"]["setup"] = round(time.monotonic() - t0, 1)
         log(f"cluster up: {data['machine']['postgres']} {data['machine']['pg_settings']}")
-        if "bulk" in only:
-            data["bulk"] = bulk(plan, dsns)
-        if "burn" in only:
-            data["burn"] = burn(plan, dsns, logdir, work / "ready")
-        if "latency" in only:
-            data["latency"] = latency(plan, dsns, work, logdir)
-        if "rescue" in only:
-            data["rescue"] = guarded(
+        phase("bulk", lambda: bulk(plan, dsns))
+        phase("burn", lambda: burn(plan, dsns, logdir, work / "ready"))
+        phase("latency", lambda: latency(plan, dsns, work, logdir))
+        phase(
+            "rescue",
+            lambda: guarded(
                 "rescue", lambda: dm.rescue(dsns["deadman"], plan.rescue_n, work / "marks", logdir)
-            )
+            ),
+        )
+        if "rescue" in data:
             log(f"rescue: {data['rescue']}")
-        if "profile" in only:
-            data["profile"] = profile(plan, dsns["deadman"], work, logdir)
+        phase("profile", lambda: profile(plan, dsns["deadman"], work, logdir))
+        phase(
+            "http",
+            lambda: guarded(
+                "http",
+                lambda: http_submit.run(
+                    create_database(cluster, "bench_http"), plan.http_s, plan.http_clients, logdir
+                ),
+            ),
+        )
+        for r in data.get("http", {}).get("results", []):
+            log(f"http {r['mode']}: {r['jobs_per_s']} jobs/s ok={r['ok']}")
+        phase(
+            "scale",
+            lambda: guarded(
+                "scale",
+                lambda: scale.run(
+                    create_database(cluster, "bench_scale"),
+                    plan.scale_n,
+                    plan.scale_samples,
+                    logdir,
+                    burn_timeout_s=plan.scale_run_timeout_s,
+                    log=log,
+                ),
+            ),
+        )
+        phase(
+            "retention",
+            lambda: guarded(
+                "retention",
+                lambda: retention.run(
+                    create_database(cluster, "bench_retention"),
+                    duration_s=plan.retention_duration_s,
+                    rate=plan.retention_rate,
+                    retention_s=plan.retention_keep_s,
+                    workers=plan.retention_workers,
+                    every_s=plan.retention_every_s,
+                    hold=plan.retention_hold,
+                    workdir=work,
+                    log=log,
+                ),
+            ),
+        )
     data["wall_s"] = round(time.monotonic() - started, 1)
     data["load_end"] = load()
     data["code_end"] = code_fingerprint()
@@ -324,12 +427,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import report
 
-    if plan.mode == "full":
+    # Only a full run of every phase is BENCHMARKS.md; a subset would drop sections.
+    if args.md:
+        md = Path(args.md).resolve()
+        plots = md.parent / "plots"
+    elif plan.mode == "full" and set(PHASES) <= only:
         md, plots = ROOT / "BENCHMARKS.md", ROOT / "bench" / "plots"
     else:
         md, plots = work / "BENCHMARKS.md", work / "plots"
     report.write(data, md, plots)
     log(f"wrote {md} and plots in {plots}")
+    for name, secs in data["phase_s"].items():
+        log(f"  {name:<10} {secs:>7.1f} s")
+    log(f"  {'total':<10} {data['wall_s']:>7.1f} s")
     failures = _failures(data)
     for f in failures:
         log(f"FAILED: {f}")
@@ -349,9 +459,9 @@ def _failures(data: dict[str, Any]) -> list[str]:
                     f"burn {name} {r.get('setting') or r.get('concurrency')}: "
                     f"{r.get('error') or 'verification failed'}"
                 )
-    for section in ("rescue", "profile"):
+    for section in ("rescue", "profile", "http", "scale", "retention"):
         if section in data and not data[section].get("ok"):
-            bad.append(f"{section}: {data[section].get('error') or 'verification failed'}")
+            bad.append(f"{section}: {data[section].get('error') or data[section].get('verify')}")
     return bad
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import psycopg
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job

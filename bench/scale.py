@@ -1,0 +1,262 @@
+"""Claim latency as the jobs table grows: near-empty, N queued, after N completed.
+
+One claim round trip is what a worker's producer sends (``AsyncStore.job_claim``,
+the store call ``Producer._claim_round`` makes, no retries) with the default batch
+size (the default concurrency, 10), timed on the client with ``perf_counter``:
+query, network and building the ``Job`` objects. Each sample is one cycle, only
+the claim timed: enqueue ``batch`` no-op jobs (``Client.enqueue_many``), claim
+``batch`` (must return exactly that many), finish them (``job_finish_many``, must
+accept every one). One pooled connection, after a warm-up of 10 untimed cycles.
+
+Points, in order, on one fresh database:
+
+- ``near_empty``: the table as a fresh install has it.
+- ``queued``: ``n`` jobs enqueued with ``Client.enqueue_many`` (COPY, in chunks),
+  then ``VACUUM ANALYZE`` (what autovacuum does to a freshly loaded table within a
+  minute or so; done here so the point does not depend on its timing).
+- ``completed``: the ``n`` queued jobs run by real ``deadman worker`` processes
+  (``--processes 2 --concurrency 200``, defaults otherwise, retention off the table by
+  the default 24 h), then the workers stopped and the point measured at once,
+  with whatever dead tuples autovacuum had not reclaimed yet.
+- ``completed_vacuumed``: the same table after a manual ``VACUUM ANALYZE``.
+
+At each point: the table's and its indexes' sizes, live and dead tuples, and a
+``EXPLAIN (ANALYZE, BUFFERS)`` of one claim (rolled back): server time and pages
+touched. At the end every job in the table must be 'succeeded' with exactly one
+attempt row, 'succeeded' (bench.deadman_bench.verify); anything else fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import deadman_bench as dm
+from bench.common import pct, stop, wait_for
+from deadman import Client
+from deadman.config import Settings
+from deadman.db.queries import QUERIES
+from deadman.model import AttemptOutcome, JobState
+from deadman.store import AsyncStore, ClaimParams, Finish, claim_params
+
+WORKER_ID = "bench-scale"
+WARMUP = 10
+POINTS = ("near_empty", "queued", "completed", "completed_vacuumed")
+
+SIZES = """
+SELECT c.relname::text AS rel,
+       pg_relation_size(c.oid) AS heap_bytes,
+       pg_indexes_size(c.oid) AS index_bytes,
+       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid IN ('deadman.jobs'::regclass, 'deadman.attempts'::regclass)
+"""
+
+
+def sizes(dsn: str) -> dict[str, Any]:
+    """Sizes and tuple counts of deadman.jobs and deadman.attempts, and job states."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        out: dict[str, Any] = {}
+        for rel, heap, idx, live, dead, av, vac in conn.execute(SIZES).fetchall():
+            out[rel] = {
+                "heap_bytes": int(heap),
+                "index_bytes": int(idx),
+                "n_live_tup": int(live),
+                "n_dead_tup": int(dead),
+                "autovacuum_count": int(av),
+                "vacuum_count": int(vac),
+            }
+        row = conn.execute("SELECT pg_relation_size('deadman.jobs_claim_idx')").fetchone()
+        out["jobs_claim_idx_bytes"] = int(row[0]) if row else 0
+        out["states"] = {
+            str(s): int(c)
+            for s, c in conn.execute("SELECT state, count(*) FROM deadman.jobs GROUP BY 1")
+        }
+    return out
+
+
+def explain_claim(dsn: str, batch: int, ttl_ms: int, n: int = 5) -> dict[str, Any]:
+    """Server side of one claim: EXPLAIN (ANALYZE, BUFFERS) in a rolled-back
+    transaction, ``n`` times; the median execution time and the pages touched. Each
+    transaction first inserts ``batch`` due jobs (rolled back with it), so the claim
+    finds what a timed claim finds: the point's table plus ``batch`` due jobs."""
+    params = claim_params(ClaimParams("default", WORKER_ID, batch, ttl_ms))
+    times: list[float] = []
+    buffers: list[int] = []
+    with psycopg.connect(dsn) as conn:
+        for _ in range(n):
+            conn.execute(
+                "INSERT INTO deadman.jobs (type) SELECT 'noop' FROM generate_series(1, %s)",
+                (batch,),
+            )
+            row = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)\n" + QUERIES["job_claim"], params
+            ).fetchone()
+            conn.rollback()
+            assert row is not None
+            plan = row[0][0]
+            times.append(float(plan["Execution Time"]))
+            top = plan["Plan"]
+            buffers.append(
+                int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+            )
+    return {
+        "execution_ms_median": round(statistics.median(times), 3),
+        "shared_buffers_median": int(statistics.median(buffers)),
+    }
+
+
+async def _cycles(
+    dsn: str, client: Client, samples: int, batch: int, ttl_ms: int, time_cap_s: float
+) -> list[float]:
+    """``WARMUP + samples`` enqueue/claim/finish cycles; returns the timed claims (ms)."""
+    store = AsyncStore.create(dsn, min_size=1, max_size=1, retry_s=0)
+    await store.open()
+    params = ClaimParams("default", WORKER_ID, batch, ttl_ms)
+    lat: list[float] = []
+    deadline = time.monotonic() + time_cap_s
+    try:
+        for i in range(WARMUP + samples):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"claim samples took over {time_cap_s:.0f} s ({i} done)")
+            client.enqueue_many([client.job("noop") for _ in range(batch)])
+            t0 = time.perf_counter()
+            jobs = await store.job_claim(params, retry_s=0)
+            elapsed = (time.perf_counter() - t0) * 1000
+            if len(jobs) != batch:
+                raise AssertionError(f"claim returned {len(jobs)} jobs, expected {batch}")
+            finishes = []
+            for j in jobs:
+                assert j.lease is not None
+                finishes.append(
+                    Finish(j.id, j.lease.token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+                )
+            done = await store.job_finish_many(finishes)
+            if done != {j.id for j in jobs}:
+                raise AssertionError(f"finish accepted {len(done)} of {len(jobs)} claimed jobs")
+            if i >= WARMUP:
+                lat.append(elapsed)
+    finally:
+        await store.close()
+    return lat
+
+
+def measure(
+    dsn: str, client: Client, samples: int, batch: int, ttl_ms: int, time_cap_s: float
+) -> dict[str, Any]:
+    before = sizes(dsn)
+    plan = explain_claim(dsn, batch, ttl_ms)
+    t0 = time.monotonic()
+    lat = asyncio.run(_cycles(dsn, client, samples, batch, ttl_ms, time_cap_s))
+    wall = time.monotonic() - t0
+    lat.sort()
+    return {
+        "samples": len(lat),
+        "p50_ms": pct(lat, 50),
+        "p90_ms": pct(lat, 90),
+        "p99_ms": pct(lat, 99),
+        "max_ms": round(lat[-1], 3),
+        "mean_ms": round(statistics.fmean(lat), 3),
+        "wall_s": round(wall, 2),
+        "explain": plan,
+        "sizes": before,
+    }
+
+
+def _count(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+def run(
+    dsn: str,
+    n: int,
+    samples: int,
+    logdir: Path,
+    *,
+    batch: int | None = None,
+    burn_timeout_s: float = 900.0,
+    log: Any = print,
+) -> dict[str, Any]:
+    """All four points; every loop is bounded in count and in time."""
+    defaults = Settings()
+    batch = batch or defaults.concurrency
+    ttl_ms = int(defaults.lease_ttl_s * 1000)
+    cap = 60.0 + samples * 0.2  # per point: ~10 ms a cycle is normal, 200 ms is broken
+    dm.truncate(dsn)
+    enqueued = 0
+    points: dict[str, Any] = {}
+    with Client(dsn) as client:
+        client.get(0)
+        points["near_empty"] = measure(dsn, client, samples, batch, ttl_ms, cap)
+        enqueued += (WARMUP + samples) * batch
+        log(f"scale near_empty: p50 {points['near_empty']['p50_ms']} ms")
+
+        t0 = time.monotonic()
+        chunk = 50_000
+        for start in range(0, n, chunk):
+            ids = client.enqueue_many(client.job("noop") for _ in range(min(chunk, n - start)))
+            if len(ids) != min(chunk, n - start):
+                raise AssertionError(f"enqueue_many stored {len(ids)} of a chunk")
+        enqueued += n
+        seed_s = time.monotonic() - t0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE deadman.jobs")
+        log(f"scale: {n:,} jobs enqueued in {seed_s:.1f} s")
+        points["queued"] = measure(dsn, client, samples, batch, ttl_ms, cap)
+        enqueued += (WARMUP + samples) * batch
+        log(f"scale queued: p50 {points['queued']['p50_ms']} ms")
+
+        # Run the queued jobs with real workers (default settings, the burn-down setting).
+        proc = dm._worker(dsn, 2, 200, logdir / "deadman-scale.log")
+        t0 = time.monotonic()
+        try:
+            done_q = (
+                "SELECT count(*) FROM deadman.jobs WHERE state IN ('queued', 'running', 'retrying')"
+            )
+            wait_for(lambda: _count(dsn, done_q) == 0, burn_timeout_s, f"{n:,} jobs to run", 1.0)
+        finally:
+            stop(proc)
+        burn_s = time.monotonic() - t0
+        log(f"scale: {n:,} jobs run in {burn_s:.1f} s")
+        points["completed"] = measure(dsn, client, samples, batch, ttl_ms, cap)
+        enqueued += (WARMUP + samples) * batch
+        log(f"scale completed: p50 {points['completed']['p50_ms']} ms")
+
+        t0 = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE deadman.jobs")
+            conn.execute("VACUUM ANALYZE deadman.attempts")
+        vacuum_s = time.monotonic() - t0
+        points["completed_vacuumed"] = measure(dsn, client, samples, batch, ttl_ms, cap)
+        enqueued += (WARMUP + samples) * batch
+        log(f"scale completed_vacuumed: p50 {points['completed_vacuumed']['p50_ms']} ms")
+
+    verify = dm.verify(dsn, enqueued)
+    base = points["near_empty"]
+    for name in POINTS[1:]:
+        p = points[name]
+        p["p50_ratio"] = round(p["p50_ms"] / base["p50_ms"], 2) if base["p50_ms"] else None
+        p["p99_ratio"] = round(p["p99_ms"] / base["p99_ms"], 2) if base["p99_ms"] else None
+    return {
+        "n": n,
+        "batch": batch,
+        "samples": samples,
+        "warmup": WARMUP,
+        "seed_s": round(seed_s, 1),
+        "seed_jobs_per_s": round(n / seed_s, 1),
+        "run_s": round(burn_s, 1),
+        "run_jobs_per_s": round(n / burn_s, 1),
+        "run_setting": "deadman worker --processes 2 --concurrency 200",
+        "vacuum_s": round(vacuum_s, 1),
+        "points": points,
+        "jobs_total": enqueued,
+        "verify": verify,
+        "ok": bool(verify["ok"]),
+    }
