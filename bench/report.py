@@ -149,7 +149,7 @@ def _rel(p: Path, md_path: Path) -> str:
 
 def _summary(data: dict[str, Any], w: Any) -> None:
     w("## Targets (issue 5) against this run\n")
-    w("| target | Deadman | best peer | ratio | met? |\n|---|---|---|---|---|")
+    w("| target | Deadman | best peer (or reference) | ratio | met? |\n|---|---|---|---|---|")
     bulk = data.get("bulk", {})
     if bulk:
         d = bulk.get("deadman", {}).get("jobs_per_s") if bulk.get("deadman", {}).get("ok") else None
@@ -204,8 +204,9 @@ def _summary(data: dict[str, Any], w: Any) -> None:
             met = "yes" if max(p["p50_ratio"], p["p99_ratio"]) <= 2.0 else "no"
             w(
                 f"| claim p50 / p99 {SCALE_POINTS[name].format(n=sc['n'])} ≤ 2x near-empty | "
-                f"{p['p50_ms']:.2f} / {p['p99_ms']:.2f} ms | | {p['p50_ratio']:.2f}x / "
-                f"{p['p99_ratio']:.2f}x of near-empty | {met} |"
+                f"{p['p50_ms']:.2f} / {p['p99_ms']:.2f} ms | near-empty control "
+                f"{p['control']['p50_ms']:.2f} / {p['control']['p99_ms']:.2f} ms | "
+                f"{p['p50_ratio']:.2f}x / {p['p99_ratio']:.2f}x | {met} |"
             )
     elif sc:
         w(
@@ -582,8 +583,9 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "10 no-op jobs (untimed), `AsyncStore.job_claim` with the default batch (10 = the "
             "default concurrency; the call the worker's producer makes), timed on the client "
             "(round trip plus building the Job objects), then finishing the 10 (untimed). One "
-            "pooled connection, 10 warm-up cycles first. Every job in the table must end "
-            "'succeeded' with exactly one attempt row.\n"
+            "pooled connection, 10 warm-up cycles first. Each cycle alternates with the same "
+            "cycle on a near-empty control database, and the ratio is against that control. "
+            "Every job in both databases must end 'succeeded' with exactly one attempt row.\n"
         )
     if "retention" in data and "retention_duration_s" in plan:
         h = plan["retention_hold"]
@@ -614,7 +616,7 @@ def _http(data: dict[str, Any], w: Any) -> None:
         w(f"FAILED: {ht.get('error')}\n")
         return
     w(
-        f"{ht['server']}; {ht['clients']} client threads, each with one keep-alive "
+        f"Server: {ht['server']}; {ht['clients']} client threads, each with one keep-alive "
         f"connection, {ht['seconds']:g} s per mode.\n"
     )
     w("| mode | jobs/s | requests/s | acknowledged | non-201 | each acked job stored once |")
@@ -661,22 +663,28 @@ def _scale(data: dict[str, Any], w: Any) -> None:
         f"{sc['verify']['attempt_rows']:,} attempt rows, all 'succeeded').\n"
     )
     w(
-        "| point | claim p50 ms | p90 ms | p99 ms | max ms | p50 / p99 vs near-empty | "
-        "server ms (EXPLAIN ANALYZE) | pages touched |"
+        "| point | claim p50 ms | p90 ms | p99 ms | max ms | near-empty control p50 / p99 ms "
+        "(interleaved) | p50 / p99 vs control | p50 / p99 vs first point | server ms "
+        "(EXPLAIN ANALYZE) | pages touched |"
     )
-    w("|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     for name, label in SCALE_POINTS.items():
         p = sc["points"][name]
-        ratio = (
-            "1.00x / 1.00x"
-            if name == "near_empty"
-            else f"{p['p50_ratio']:.2f}x / {p['p99_ratio']:.2f}x"
-        )
+        c = p["control"]
         w(
             f"| {label.format(n=sc['n'])} | {p['p50_ms']:.2f} | {p['p90_ms']:.2f} | "
-            f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} | {ratio} | "
+            f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} | {c['p50_ms']:.2f} / {c['p99_ms']:.2f} | "
+            f"{p['p50_ratio']:.2f}x / {p['p99_ratio']:.2f}x | "
+            f"{p['p50_vs_first']:.2f}x / {p['p99_vs_first']:.2f}x | "
             f"{p['explain']['execution_ms_median']:.3f} | {p['explain']['shared_buffers_median']} |"
         )
+    w(
+        "\nThe control is a second database, truncated before each point and kept "
+        "near-empty, whose claim cycles alternate with the point's, so both figures come "
+        "from the same seconds of a possibly busy machine; the first row's ratio shows how "
+        "far two near-empty databases differ (the noise floor). 'vs first point' compares "
+        "with the near-empty point measured first, minutes apart.\n"
+    )
     w("\nTable sizes when each point was measured (before its claims):\n")
     w(
         "| point | job states | jobs heap MiB | jobs indexes MiB | jobs_claim_idx MiB | "

@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 "scale",
                 lambda: scale.run(
                     create_database(cluster, "bench_scale"),
+                    create_database(cluster, "bench_scale_control"),
                     plan.scale_n,
                     plan.scale_samples,
                     logdir,

@@ -8,6 +8,12 @@ the claim timed: enqueue ``batch`` no-op jobs (``Client.enqueue_many``), claim
 ``batch`` (must return exactly that many), finish them (``job_finish_many``, must
 accept every one). One pooled connection, after a warm-up of 10 untimed cycles.
 
+Each point's cycles alternate with the same cycles on a second, near-empty control
+database (truncated before each point), and the point's ratio is against that
+control: on a shared machine, figures taken minutes apart differ by more than the
+effect being measured, figures taken in the same seconds do not. The ratio against
+the first point (near-empty, measured first) is kept too.
+
 Points, in order, on one fresh database:
 
 - ``near_empty``: the table as a fresh install has it.
@@ -111,50 +117,8 @@ def explain_claim(dsn: str, batch: int, ttl_ms: int, n: int = 5) -> dict[str, An
     }
 
 
-async def _cycles(
-    dsn: str, client: Client, samples: int, batch: int, ttl_ms: int, time_cap_s: float
-) -> list[float]:
-    """``WARMUP + samples`` enqueue/claim/finish cycles; returns the timed claims (ms)."""
-    store = AsyncStore.create(dsn, min_size=1, max_size=1, retry_s=0)
-    await store.open()
-    params = ClaimParams("default", WORKER_ID, batch, ttl_ms)
-    lat: list[float] = []
-    deadline = time.monotonic() + time_cap_s
-    try:
-        for i in range(WARMUP + samples):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"claim samples took over {time_cap_s:.0f} s ({i} done)")
-            client.enqueue_many([client.job("noop") for _ in range(batch)])
-            t0 = time.perf_counter()
-            jobs = await store.job_claim(params, retry_s=0)
-            elapsed = (time.perf_counter() - t0) * 1000
-            if len(jobs) != batch:
-                raise AssertionError(f"claim returned {len(jobs)} jobs, expected {batch}")
-            finishes = []
-            for j in jobs:
-                assert j.lease is not None
-                finishes.append(
-                    Finish(j.id, j.lease.token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
-                )
-            done = await store.job_finish_many(finishes)
-            if done != {j.id for j in jobs}:
-                raise AssertionError(f"finish accepted {len(done)} of {len(jobs)} claimed jobs")
-            if i >= WARMUP:
-                lat.append(elapsed)
-    finally:
-        await store.close()
-    return lat
-
-
-def measure(
-    dsn: str, client: Client, samples: int, batch: int, ttl_ms: int, time_cap_s: float
-) -> dict[str, Any]:
-    before = sizes(dsn)
-    plan = explain_claim(dsn, batch, ttl_ms)
-    t0 = time.monotonic()
-    lat = asyncio.run(_cycles(dsn, client, samples, batch, ttl_ms, time_cap_s))
-    wall = time.monotonic() - t0
-    lat.sort()
+def _stats(lat: list[float]) -> dict[str, Any]:
+    lat = sorted(lat)
     return {
         "samples": len(lat),
         "p50_ms": pct(lat, 50),
@@ -162,10 +126,76 @@ def measure(
         "p99_ms": pct(lat, 99),
         "max_ms": round(lat[-1], 3),
         "mean_ms": round(statistics.fmean(lat), 3),
-        "wall_s": round(wall, 2),
-        "explain": plan,
-        "sizes": before,
     }
+
+
+async def _cycles(
+    targets: list[tuple[str, Client]], samples: int, batch: int, ttl_ms: int, time_cap_s: float
+) -> list[list[float]]:
+    """``WARMUP + samples`` enqueue/claim/finish cycles on each target database, the
+    targets taking turns cycle by cycle; returns each target's timed claims (ms)."""
+    stores = [AsyncStore.create(dsn, min_size=1, max_size=1, retry_s=0) for dsn, _ in targets]
+    for store in stores:
+        await store.open()
+    params = ClaimParams("default", WORKER_ID, batch, ttl_ms)
+    lat: list[list[float]] = [[] for _ in targets]
+    deadline = time.monotonic() + time_cap_s
+    try:
+        for i in range(WARMUP + samples):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"claim samples took over {time_cap_s:.0f} s ({i} done)")
+            for k, ((_, client), store) in enumerate(zip(targets, stores, strict=True)):
+                client.enqueue_many([client.job("noop") for _ in range(batch)])
+                t0 = time.perf_counter()
+                jobs = await store.job_claim(params, retry_s=0)
+                elapsed = (time.perf_counter() - t0) * 1000
+                if len(jobs) != batch:
+                    raise AssertionError(f"claim returned {len(jobs)} jobs, expected {batch}")
+                finishes = []
+                for j in jobs:
+                    assert j.lease is not None
+                    finishes.append(
+                        Finish(j.id, j.lease.token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+                    )
+                done = await store.job_finish_many(finishes)
+                if done != {j.id for j in jobs}:
+                    raise AssertionError(f"finish accepted {len(done)} of {len(jobs)} jobs")
+                if i >= WARMUP:
+                    lat[k].append(elapsed)
+    finally:
+        for store in stores:
+            await store.close()
+    return lat
+
+
+def measure(
+    dsn: str,
+    client: Client,
+    control: tuple[str, Client],
+    samples: int,
+    batch: int,
+    ttl_ms: int,
+    time_cap_s: float,
+) -> dict[str, Any]:
+    """One point: claims on ``dsn`` interleaved with claims on a near-empty control
+    database (truncated first), so the ratio compares two figures taken in the same
+    seconds on the same machine; the control's jobs are verified and discarded."""
+    control_dsn = control[0]
+    dm.truncate(control_dsn)
+    before = sizes(dsn)
+    plan = explain_claim(dsn, batch, ttl_ms)
+    t0 = time.monotonic()
+    lat, ctl = asyncio.run(_cycles([(dsn, client), control], samples, batch, ttl_ms, time_cap_s))
+    wall = time.monotonic() - t0
+    ctl_verify = dm.verify(control_dsn, (WARMUP + samples) * batch)
+    if not ctl_verify["ok"]:
+        raise AssertionError(f"control database failed its check: {ctl_verify}")
+    out = _stats(lat)
+    c = out["control"] = _stats(ctl)
+    out["p50_ratio"] = round(out["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None
+    out["p99_ratio"] = round(out["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None
+    out.update(wall_s=round(wall, 2), explain=plan, sizes=before)
+    return out
 
 
 def _count(dsn: str, query: str) -> int:
@@ -176,6 +206,7 @@ def _count(dsn: str, query: str) -> int:
 
 def run(
     dsn: str,
+    control_dsn: str,
     n: int,
     samples: int,
     logdir: Path,
@@ -188,62 +219,67 @@ def run(
     defaults = Settings()
     batch = batch or defaults.concurrency
     ttl_ms = int(defaults.lease_ttl_s * 1000)
-    cap = 60.0 + samples * 0.2  # per point: ~10 ms a cycle is normal, 200 ms is broken
+    cap = 60.0 + samples * 0.4  # per point, both databases: ~20 ms a cycle pair is normal
     dm.truncate(dsn)
     enqueued = 0
     points: dict[str, Any] = {}
-    with Client(dsn) as client:
+    with Client(dsn) as client, Client(control_dsn) as control_client:
         client.get(0)
-        points["near_empty"] = measure(dsn, client, samples, batch, ttl_ms, cap)
-        enqueued += (WARMUP + samples) * batch
-        log(f"scale near_empty: p50 {points['near_empty']['p50_ms']} ms")
+        control = (control_dsn, control_client)
 
+        def point(name: str) -> None:
+            nonlocal enqueued
+            points[name] = measure(dsn, client, control, samples, batch, ttl_ms, cap)
+            enqueued += (WARMUP + samples) * batch
+            p = points[name]
+            log(
+                f"scale {name}: p50 {p['p50_ms']} ms p99 {p['p99_ms']} ms "
+                f"(control p50 {p['control']['p50_ms']} p99 {p['control']['p99_ms']})"
+            )
+
+        point("near_empty")
         t0 = time.monotonic()
         chunk = 50_000
         for start in range(0, n, chunk):
-            ids = client.enqueue_many(client.job("noop") for _ in range(min(chunk, n - start)))
-            if len(ids) != min(chunk, n - start):
-                raise AssertionError(f"enqueue_many stored {len(ids)} of a chunk")
+            k = min(chunk, n - start)
+            ids = client.enqueue_many(client.job("noop") for _ in range(k))
+            if len(ids) != k:
+                raise AssertionError(f"enqueue_many stored {len(ids)} of a chunk of {k}")
         enqueued += n
         seed_s = time.monotonic() - t0
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE deadman.jobs")
         log(f"scale: {n:,} jobs enqueued in {seed_s:.1f} s")
-        points["queued"] = measure(dsn, client, samples, batch, ttl_ms, cap)
-        enqueued += (WARMUP + samples) * batch
-        log(f"scale queued: p50 {points['queued']['p50_ms']} ms")
+        point("queued")
 
         # Run the queued jobs with real workers (default settings, the burn-down setting).
         proc = dm._worker(dsn, 2, 200, logdir / "deadman-scale.log")
         t0 = time.monotonic()
         try:
-            done_q = (
+            left_q = (
                 "SELECT count(*) FROM deadman.jobs WHERE state IN ('queued', 'running', 'retrying')"
             )
-            wait_for(lambda: _count(dsn, done_q) == 0, burn_timeout_s, f"{n:,} jobs to run", 1.0)
+            wait_for(lambda: _count(dsn, left_q) == 0, burn_timeout_s, f"{n:,} jobs to run", 1.0)
         finally:
             stop(proc)
         burn_s = time.monotonic() - t0
         log(f"scale: {n:,} jobs run in {burn_s:.1f} s")
-        points["completed"] = measure(dsn, client, samples, batch, ttl_ms, cap)
-        enqueued += (WARMUP + samples) * batch
-        log(f"scale completed: p50 {points['completed']['p50_ms']} ms")
+        point("completed")
 
         t0 = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE deadman.jobs")
             conn.execute("VACUUM ANALYZE deadman.attempts")
         vacuum_s = time.monotonic() - t0
-        points["completed_vacuumed"] = measure(dsn, client, samples, batch, ttl_ms, cap)
-        enqueued += (WARMUP + samples) * batch
-        log(f"scale completed_vacuumed: p50 {points['completed_vacuumed']['p50_ms']} ms")
+        point("completed_vacuumed")
 
     verify = dm.verify(dsn, enqueued)
-    base = points["near_empty"]
-    for name in POINTS[1:]:
+    first = points["near_empty"]
+    for name in POINTS:
         p = points[name]
-        p["p50_ratio"] = round(p["p50_ms"] / base["p50_ms"], 2) if base["p50_ms"] else None
-        p["p99_ratio"] = round(p["p99_ms"] / base["p99_ms"], 2) if base["p99_ms"] else None
+        # against the first point (measured minutes earlier): noisier on a shared machine
+        p["p50_vs_first"] = round(p["p50_ms"] / first["p50_ms"], 2) if first["p50_ms"] else None
+        p["p99_vs_first"] = round(p["p99_ms"] / first["p99_ms"], 2) if first["p99_ms"] else None
     return {
         "n": n,
         "batch": batch,
