@@ -355,8 +355,10 @@ def _job_ids(value: Any, field: str, fields: _Fields) -> tuple[int, ...]:
     ids: list[int] = []
     for i, item in enumerate(value):
         raw = str(item) if isinstance(item, int) and not isinstance(item, bool) else item
-        if not isinstance(raw, str) or not ID_RE.match(raw) or int(raw) > MAX_BIGINT:
+        if not isinstance(raw, str) or not ID_RE.match(raw):
             fields.add(f"{field}[{i}]", "must be a job id")
+        elif int(raw) > MAX_BIGINT:  # well-formed, but no job can have it
+            fields.add(f"{field}[{i}]", f"depends_on names unknown jobs: {raw}")
         elif int(raw) in ids:
             fields.add(f"{field}[{i}]", "repeats an earlier id")
         else:

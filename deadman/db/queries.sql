@@ -704,16 +704,19 @@ WITH picked AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), deps AS (
-    SELECT d.job_id, u.state FROM deadman.job_deps d
-    JOIN picked p ON p.id = d.job_id
-    JOIN deadman.jobs u ON u.id = d.depends_on
+    -- the picked jobs' dependencies, through the primary key (`id = ANY`), locked
+    SELECT u.id, u.state FROM deadman.jobs u
+    WHERE u.id = ANY(ARRAY(SELECT d.depends_on FROM deadman.job_deps d
+                           JOIN picked p ON p.id = d.job_id))
     ORDER BY u.id
     FOR SHARE OF u
 ), verdict AS (
     SELECT p.id,
-           count(dp.state) FILTER (WHERE dp.state <> 'succeeded') AS pending,
-           COALESCE(bool_or(dp.state IN ('dead', 'cancelled')), false) AS blocked
-    FROM picked p LEFT JOIN deps dp ON dp.job_id = p.id
+           count(u.state) FILTER (WHERE u.state <> 'succeeded') AS pending,
+           COALESCE(bool_or(u.state IN ('dead', 'cancelled')), false) AS blocked
+    FROM picked p
+    LEFT JOIN deadman.job_deps d ON d.job_id = p.id
+    LEFT JOIN deps u ON u.id = d.depends_on
     GROUP BY p.id
 ), retried AS (
     UPDATE deadman.jobs j
