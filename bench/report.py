@@ -222,20 +222,16 @@ def _summary(data: dict[str, Any], w: Any) -> None:
             )
     ret = data.get("retention", {})
     hold = ret.get("hold")
-    if ret.get("samples") and hold:
-        before = [x for x in ret["samples"] if x["t_s"] <= hold["began_s"]]
-        during = [x for x in ret["samples"] if hold["began_s"] < x["t_s"] <= hold["ended_s"]]
-        end = ret["samples"][-1]
-        if before and during:
-            b, d = before[-1], during[-1]
-            w(
-                f"| retention on, {hold['ended_s'] - hold['began_s']:.0f} s open transaction: "
-                "jobs table total size (no target figure) | "
-                f"{_mib(b['total_bytes'])} MiB before it → {_mib(d['total_bytes'])} MiB while "
-                f"open → {_mib(end['total_bytes'])} MiB at the end | | "
-                f"{d['total_bytes'] / max(b['total_bytes'], 1):.2f}x while open | "
-                f"{'measured' if ret.get('ok') else 'FAILED'} |"
-            )
+    if ret.get("samples") and hold and hold.get("at_begin") and hold.get("at_end"):
+        hb, he, end = hold["at_begin"], hold["at_end"], ret["samples"][-1]
+        w(
+            f"| retention on, {hold['ended_s'] - hold['began_s']:.0f} s open transaction: "
+            "jobs table total size (no target figure) | "
+            f"{_mib(hb['total_bytes'])} MiB when it opened → {_mib(he['total_bytes'])} MiB when "
+            f"it ended → {_mib(end['total_bytes'])} MiB at the end | | "
+            f"{he['total_bytes'] / max(hb['total_bytes'], 1):.2f}x while open | "
+            f"{'measured' if ret.get('ok') else 'FAILED'} |"
+        )
     w(
         "\nLatency ratios are Deadman ÷ peer (lower is better); throughput ratios "
         "Deadman ÷ peer (higher is better).\n"
@@ -760,42 +756,50 @@ def _retention(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Pa
         "enqueued (its COMMIT included) to its handler's start, for the jobs "
         "that started in the interval; live/dead tuples are Postgres's estimates.\n"
     )
-    if hold:
+    if hold and hold.get("at_begin") and hold.get("at_end"):
         samples = ret["samples"]
-        before = [s for s in samples if s["t_s"] <= hold["began_s"]]
-        during = [s for s in samples if hold["began_s"] < s["t_s"] <= hold["ended_s"]]
-        after = [s for s in samples if s["t_s"] > hold["ended_s"]]
-        if before and during:
-            b, d = before[-1], during[-1]
-            lines = [
-                f"- Just before the transaction opened ({b['t_s']:.0f} s): heap "
-                f"{_mib(b['heap_bytes'])} MiB, indexes {_mib(b['index_bytes'])} MiB, "
-                f"{b['n_dead_tup']:,} dead tuples.",
-                f"- At the last sample with it open ({d['t_s']:.0f} s): heap "
-                f"{_mib(d['heap_bytes'])} MiB, indexes {_mib(d['index_bytes'])} MiB, "
-                f"{d['n_dead_tup']:,} dead tuples (max during the window "
-                f"{max(s['n_dead_tup'] for s in during):,}).",
-            ]
-            if after:
-                a = after[-1]
-                lines.append(
-                    f"- At the end ({a['t_s']:.0f} s, {a['t_s'] - hold['ended_s']:.0f} s after "
-                    f"the ROLLBACK): heap {_mib(a['heap_bytes'])} MiB, indexes "
-                    f"{_mib(a['index_bytes'])} MiB, {a['n_dead_tup']:,} dead tuples. Vacuum "
-                    "cannot hand back to the OS the pages it frees (only trailing empty pages), "
-                    "so a heap that grew during the window stays that size and is reused."
-                )
-
-            def mean_rate(xs: list[dict[str, Any]]) -> float | None:
-                return sum(s["finished_per_s"] for s in xs) / len(xs) if xs else None
-
-            rb, rd, ra = mean_rate(before[1:]), mean_rate(during), mean_rate(after)
+        hb, he = hold["at_begin"], hold["at_end"]
+        during = [x for x in samples if x["transaction_open"]]
+        lines = [
+            f"- As the transaction opened ({hold['began_s']:.0f} s): heap "
+            f"{_mib(hb['heap_bytes'])} MiB, indexes {_mib(hb['index_bytes'])} MiB, "
+            f"{hb['n_dead_tup']:,} dead tuples, backlog {hb['backlog']:,}.",
+            f"- As it was rolled back ({hold['ended_s']:.0f} s): heap {_mib(he['heap_bytes'])} "
+            f"MiB ({he['heap_bytes'] / max(hb['heap_bytes'], 1):.2f}x), indexes "
+            f"{_mib(he['index_bytes'])} MiB "
+            f"({he['index_bytes'] / max(hb['index_bytes'], 1):.2f}x), "
+            f"{he['n_dead_tup']:,} dead tuples, backlog {he['backlog']:,}, oldest xmin "
+            f"{he['oldest_xmin_age']:,} transactions old.",
+        ]
+        if during:
             lines.append(
-                f"- Jobs finished per second, mean of the samples: before {_f(rb)} "
-                f"(first sample excluded), during {_f(rd)}, after {_f(ra)}; offered "
-                f"{ret['rate']}."
+                f"- Largest backlog sampled while it was open: "
+                f"{max(x['backlog'] for x in during):,} jobs; lowest finished/s in an interval: "
+                f"{min(x['finished_per_s'] for x in during):,.0f}."
             )
-            w("\n".join(lines) + "\n")
+        after = [x for x in samples if x["t_s"] > hold["ended_s"]]
+        if after:
+            a = after[-1]
+            lines.append(
+                f"- At the end ({a['t_s']:.0f} s, {a['t_s'] - hold['ended_s']:.0f} s after the "
+                f"ROLLBACK): heap {_mib(a['heap_bytes'])} MiB, indexes {_mib(a['index_bytes'])} "
+                f"MiB, {a['n_dead_tup']:,} dead tuples; the heap "
+                f"{a['heap_bytes'] / max(hb['heap_bytes'], 1):.2f}x and the indexes "
+                f"{a['index_bytes'] / max(hb['index_bytes'], 1):.2f}x their size when it "
+                "opened (vacuum gives the OS back only empty pages at the end of the heap; "
+                "freed pages elsewhere, and index pages, are reused, not returned)."
+            )
+
+        def mean_rate(xs: list[dict[str, Any]]) -> str:
+            return _f(sum(x["finished_per_s"] for x in xs) / len(xs)) if xs else "n/a"
+
+        pre = [x for x in samples if x["t_s"] < hold["began_s"]][1:]
+        lines.append(
+            f"- Jobs finished per second, mean of the sample intervals: before the "
+            f"transaction {mean_rate(pre)} (first interval excluded), while open "
+            f"{mean_rate(during)}, after {mean_rate(after)}; offered {ret['rate']}."
+        )
+        w("\n".join(lines) + "\n")
     if "retention" in plots:
         w(f"![table size over time]({_rel(plots['retention'], md_path)})\n")
 

@@ -107,11 +107,14 @@ class OpenTransaction(threading.Thread):
         try:
             if self.halt.wait(max(0.0, self.start_at - time.monotonic())):
                 return
+            # The table as the transaction opens and as it ends, whatever the sample grid.
+            self.info["at_begin"] = sample(self.dsn)
             with psycopg.connect(self.dsn) as conn:  # not autocommit: the first query BEGINs
                 row = conn.execute("SELECT txid_current()").fetchone()
                 self.info["began_mono"] = time.monotonic()
                 self.info["xid"] = int(row[0]) if row else None
                 self.halt.wait(max(0.0, self.end_at - time.monotonic()))
+                self.info["at_end"] = sample(self.dsn)
                 conn.rollback()
                 self.info["ended_mono"] = time.monotonic()
         except BaseException as exc:
@@ -260,6 +263,8 @@ def run(
             "began_s": round(holder.info["began_mono"] - started, 1),
             "ended_s": round(holder.info.get("ended_mono", time.monotonic()) - started, 1),
             "xid": holder.info.get("xid"),
+            "at_begin": holder.info.get("at_begin"),
+            "at_end": holder.info.get("at_end"),
         }
     # handler start - enqueue time, per sample interval: what the window does to latency
     bounds = [0.0] + [s["t_s"] for s in samples]
