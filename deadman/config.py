@@ -39,6 +39,8 @@ class Settings:
     retention_succeeded_s: float = 24 * 3600.0
     retention_failed_s: float = 7 * 24 * 3600.0
     completer_batch: int = 500
+    completer_flushes: int = 2  # completion batches written at once (connections)
+    claim_batch: int = 0  # most jobs one claim takes; 0: half the slots (at least 1)
     pool_size: int = 0  # 0: derived from concurrency
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
@@ -79,6 +81,8 @@ class Settings:
                 f"has {q!r}; queue names are 1-128 characters of [A-Za-z0-9_.:-]",
             )
         _require(self.completer_batch >= 1, "DEADMAN_COMPLETER_BATCH", "must be >= 1")
+        _require(self.completer_flushes >= 1, "DEADMAN_COMPLETER_FLUSHES", "must be >= 1")
+        _require(self.claim_batch >= 0, "DEADMAN_CLAIM_BATCH", "must be >= 0")
         _require(self.pool_size >= 0, "DEADMAN_POOL_SIZE", "must be >= 0")
         _require(
             self.log_format in {"auto", "json", "console"},
@@ -149,6 +153,8 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "retention_succeeded_s": float,
     "retention_failed_s": float,
     "completer_batch": int,
+    "completer_flushes": int,
+    "claim_batch": int,
     "pool_size": int,
     "log_format": str,
     "log_level": str,

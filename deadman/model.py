@@ -183,13 +183,27 @@ class Backoff:
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Backoff:
         if not data:
-            return cls()
-        return cls(
-            strategy=data.get("strategy", "exponential"),
-            base_ms=int(data.get("base_ms", 1000)),
-            max_ms=int(data.get("max_ms", 300_000)),
-            jitter=data.get("jitter", "full"),
+            return _DEFAULT_BACKOFF
+        key = (
+            data.get("strategy", "exponential"),
+            int(data.get("base_ms", 1000)),
+            int(data.get("max_ms", 300_000)),
+            data.get("jitter", "full"),
         )
+        # Every claimed job carries its policy; most share a handful (frozen: safe
+        # to share). Bounded, so odd policies cannot grow it without limit.
+        found = _BACKOFFS.get(key)
+        if found is None:
+            found = cls(strategy=key[0], base_ms=key[1], max_ms=key[2], jitter=key[3])
+            if len(_BACKOFFS) < 1024:
+                _BACKOFFS[key] = found
+        return found
+
+
+_DEFAULT_BACKOFF = Backoff()
+_BACKOFFS: dict[tuple[Any, ...], Backoff] = {}
+#: JobState by value: a dict lookup instead of the Enum constructor (per claimed job)
+_STATES: dict[str, JobState] = {s.value: s for s in JobState}
 
 
 @dataclass(frozen=True)
@@ -252,7 +266,7 @@ class Job:
             queue=row["queue"],
             priority=int(row["priority"]),
             payload=row.get("payload"),
-            state=JobState(row["state"]),
+            state=_STATES[row["state"]],
             attempt=int(row["attempt"]),
             max_attempts=int(row["max_attempts"]),
             rescues=int(row.get("rescues") or 0),

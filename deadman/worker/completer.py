@@ -3,12 +3,18 @@
 No timer: a flush starts as soon as there is something to write, and whatever
 arrives while it runs goes into the next one. Idle, a completion is written at
 once; under load, batches grow by themselves (up to ``batch_max``).
+
+Up to ``in_flight`` flushes run at once, each on its own connection. With one, a
+worker's slots move in lockstep (claim all, run all, write all, claim all again)
+and the claim and the write never overlap; with two, one batch is written while
+the next is still running. Concurrent flushes touch disjoint rows and each locks
+its rows in id order, as the heartbeat does, so they cannot deadlock.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from deadman import logs, metrics
@@ -20,10 +26,14 @@ log = logs.get("deadman.completer")
 
 
 class Completer:
-    def __init__(self, store: AsyncStore, worker_id: str, batch_max: int = 500) -> None:
+    def __init__(
+        self, store: AsyncStore, worker_id: str, batch_max: int = 500, in_flight: int = 2
+    ) -> None:
         self._store = store
         self._worker_id = worker_id
         self._batch_max = batch_max
+        self._in_flight = in_flight
+        self._flushing: set[asyncio.Task[None]] = set()
         self._pending: deque[tuple[Finish, str, asyncio.Future[bool]]] = deque()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -48,13 +58,33 @@ class Completer:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            for task in [t for t in self._flushing if t.done()]:
+                self._flushing.discard(task)
+                task.result()
             while self._pending:
-                await self._flush()
+                if len(self._flushing) >= self._in_flight:
+                    await self._reap()
+                    continue
+                n = min(self._batch_max, len(self._pending))
+                batch = [self._pending.popleft() for _ in range(n)]
+                task = asyncio.create_task(self._flush(batch))
+                task.add_done_callback(lambda _t: self._wake.set())  # reaped above
+                self._flushing.add(task)
             if self._stopping and not self._pending:
-                return
+                while self._flushing:
+                    await self._reap()
+                if not self._pending:
+                    return
 
-    async def _flush(self) -> None:
-        batch = [self._pending.popleft() for _ in range(min(self._batch_max, len(self._pending)))]
+    async def _reap(self) -> None:
+        """Wait for a flush to end; a flush that raised takes the worker down, as
+        it did when flushes ran inline (``_flush`` handles the database's errors)."""
+        done, _ = await asyncio.wait(self._flushing, return_when=asyncio.FIRST_COMPLETED)
+        self._flushing -= done
+        for task in done:
+            task.result()
+
+    async def _flush(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> None:
         try:
             done = await self._write([f for f, _, _ in batch])
         except DeadmanError:
@@ -93,10 +123,11 @@ class Completer:
     ) -> None:
         self.flushes += 1
         refused: list[tuple[int, int]] = []
+        finished: Counter[tuple[str, str]] = Counter()
         for finish, queue, fut in batch:
             ok = finish.id in done
             if ok:
-                metrics.JOBS_FINISHED.labels(queue, finish.outcome.value).inc()
+                finished[queue, finish.outcome.value] += 1
             else:
                 refused.append((finish.id, finish.token))
                 metrics.STALE_WRITES_REFUSED.labels("finish").inc()
@@ -111,6 +142,8 @@ class Completer:
                 )
             if not fut.done():
                 fut.set_result(ok)
+        for (queue, outcome), n in finished.items():  # one metric update per batch
+            metrics.JOBS_FINISHED.labels(queue, outcome).inc(n)
         if self.on_requeue is not None and any(
             f.id in done and f.state in (JobState.RETRYING, JobState.QUEUED) for f, _, _ in batch
         ):

@@ -98,7 +98,9 @@ class Worker:
         inflight = Inflight()
         slots = Slots(s.concurrency)
         threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
-        completer = Completer(self.store, self.worker_id, s.completer_batch)
+        completer = Completer(
+            self.store, self.worker_id, s.completer_batch, in_flight=s.completer_flushes
+        )
         executor = Executor(
             registry=self.registry,
             store=self.store,

@@ -58,6 +58,11 @@ class Producer:
         self._slots = slots
         self._worker_id = worker_id
         self._queues = list(queues)
+        # Claiming all free slots at once makes a worker's jobs move in lockstep:
+        # claimed together, written together, claimed again together, and the claim
+        # never overlaps the write. Half the slots per claim keeps two cohorts out of
+        # phase, so one is claimed and run while the other's outcomes are written.
+        self._claim_max = settings.claim_batch or max(1, (settings.concurrency + 1) // 2)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._turn = 0
@@ -148,7 +153,7 @@ class Producer:
         for i in range(n):
             if self._stop.is_set():
                 break
-            free = self._slots.free()
+            free = min(self._slots.free(), self._claim_max)
             if free <= 0:
                 break
             queue = self._queues[(start + i) % n]

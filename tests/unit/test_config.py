@@ -45,6 +45,8 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_RETENTION_SUCCEEDED_S", "60", 60.0),
     ("DEADMAN_RETENTION_FAILED_S", "120.5", 120.5),
     ("DEADMAN_COMPLETER_BATCH", "50", 50),
+    ("DEADMAN_COMPLETER_FLUSHES", "3", 3),
+    ("DEADMAN_CLAIM_BATCH", "40", 40),
     ("DEADMAN_POOL_SIZE", "8", 8),
     ("DEADMAN_LOG_FORMAT", "json", "json"),
     ("DEADMAN_LOG_LEVEL", "debug", "debug"),
@@ -128,6 +130,8 @@ NONSENSE: list[tuple[str, str]] = [
     ("DEADMAN_MAX_QUEUE_DEPTH", "lots"),
     ("DEADMAN_RETENTION_SUCCEEDED_S", "a day"),
     ("DEADMAN_COMPLETER_BATCH", "0"),
+    ("DEADMAN_COMPLETER_FLUSHES", "0"),
+    ("DEADMAN_CLAIM_BATCH", "-1"),
     ("DEADMAN_POOL_SIZE", "-1"),
     ("DEADMAN_LOG_FORMAT", "xml"),
 ]

@@ -1,0 +1,165 @@
+"""The worker's two pipelining knobs, against a real database: the completer writes
+up to ``in_flight`` batches at once (and never more), and the producer claims at
+most ``claim_batch`` jobs per statement, half the slots by default."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import DictRow
+
+from deadman.client import Client
+from deadman.model import AttemptOutcome, Job, JobState
+from deadman.store import AsyncStore, ClaimParams, Finish
+from deadman.worker.completer import Completer
+from tests.factories import connect, run_async
+from tests.helpers import wait_for
+from tests.integration.test_worker_inprocess import SETTINGS, running_worker
+
+
+class WatchedStore(AsyncStore):
+    """The real store, counting how many finish statements run at once and how many
+    jobs each claim asked for. Each finish waits a little first, so that overlapping
+    flushes really overlap."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.running = 0
+        self.most_at_once = 0
+        self.batches: list[int] = []
+        self.claim_limits: list[int] = []
+
+    async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        self.batches.append(len(finishes))
+        try:
+            await asyncio.sleep(0.05)
+            return await super().job_finish_many(finishes)
+        finally:
+            self.running -= 1
+
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
+        self.claim_limits.append(p.limit)
+        return await super().job_claim(p, retry_s)
+
+
+def claimed(conn: psycopg.Connection[DictRow], n: int) -> list[tuple[int, int]]:
+    rows = conn.execute(
+        "UPDATE deadman.jobs SET state = 'running', attempt = 1, lease_worker = 'w',"
+        " lease_token = nextval('deadman.lease_token_seq'), started_at = now(),"
+        " lease_expires_at = now() + interval '1 minute'"
+        " WHERE id IN (SELECT id FROM deadman.jobs ORDER BY id LIMIT %s)"
+        " RETURNING id, lease_token",
+        (n,),
+    ).fetchall()
+    return [(int(r["id"]), int(r["lease_token"])) for r in rows]
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_the_completer_writes_at_most_in_flight_batches_at_once(
+    db_dsn: str, in_flight: int
+) -> None:
+    with Client(db_dsn) as client, connect(db_dsn) as conn:
+        client.enqueue_many([client.job("noop") for _ in range(40)])
+        leases = claimed(conn, 40)
+
+        async def main() -> tuple[list[bool], WatchedStore]:
+            store = WatchedStore.create(db_dsn, min_size=1, max_size=6, retry_s=0.0)
+            await store.open(wait=True, timeout=10.0)
+            try:
+                completer = Completer(store, "w", batch_max=5, in_flight=in_flight)
+                runner = asyncio.create_task(completer.run())
+                results = await asyncio.gather(
+                    *(
+                        completer.submit(
+                            Finish(i, t, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED),
+                            "default",
+                        )
+                        for i, t in leases
+                    )
+                )
+                completer.stop()
+                await asyncio.wait_for(runner, 10)
+                return results, store
+            finally:
+                await store.close()
+
+        results, store = run_async(main)
+        assert results == [True] * 40
+        assert store.most_at_once == in_flight
+        assert max(store.batches) <= 5 and sum(store.batches) == 40
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state = 'succeeded') AS ok,"
+            " (SELECT count(*) FROM deadman.attempts) AS attempts FROM deadman.jobs"
+        ).fetchone()
+        assert row == {"ok": 40, "attempts": 40}
+
+
+def test_a_flush_that_raises_takes_the_completer_down(db_dsn: str) -> None:
+    """A bug in a flush must not vanish into an unawaited task."""
+
+    class Broken(AsyncStore):
+        async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
+            raise RuntimeError("boom")
+
+    async def main() -> None:
+        store = Broken.create(db_dsn, min_size=1, max_size=2, retry_s=0.0)
+        await store.open(wait=True, timeout=10.0)
+        try:
+            completer = Completer(store, "w")
+            runner = asyncio.create_task(completer.run())
+            submitted = asyncio.create_task(
+                completer.submit(Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED), "q")
+            )
+            with pytest.raises(RuntimeError, match="boom"):
+                await asyncio.wait_for(runner, 10)
+            submitted.cancel()
+        finally:
+            await store.close()
+
+    run_async(main)
+
+
+@pytest.mark.parametrize(("claim_batch", "most"), [(0, 4), (3, 3)])
+def test_the_producer_claims_at_most_claim_batch_per_statement(
+    db_dsn: str, claim_batch: int, most: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 slots: by default a claim asks for 4 at most (half), so two cohorts
+    alternate; DEADMAN_CLAIM_BATCH sets it. Every job still runs exactly once."""
+    made: list[WatchedStore] = []
+
+    class Recorded(WatchedStore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("deadman.worker.process.AsyncStore", Recorded)
+    settings = replace(SETTINGS, concurrency=8, claim_batch=claim_batch)
+    with Client(db_dsn, settings=settings) as client, connect(db_dsn) as conn:
+        ids = client.enqueue_many([client.job("t.async") for _ in range(60)])
+        with running_worker(db_dsn, settings=settings):
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) AS n FROM deadman.jobs WHERE state = 'succeeded'"
+                    ).fetchone()
+                    == {"n": 60}
+                ),
+                timeout=20,
+                message="60 jobs succeeded",
+            )
+        assert len(made) == 1
+        limits = made[0].claim_limits
+        assert limits and max(limits) == most
+        rows = conn.execute(
+            "SELECT job_id, count(*) AS n FROM deadman.attempts WHERE job_id = ANY(%s)"
+            " GROUP BY job_id",
+            (ids,),
+        ).fetchall()
+        assert len(rows) == 60 and {r["n"] for r in rows} == {1}
