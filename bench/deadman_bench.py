@@ -351,7 +351,7 @@ def rescue(dsn: str, n: int, markdir: Path, logdir: Path) -> dict[str, Any]:
 PROFILE_GROUPS = {
     "psycopg (query send/receive, adaptation)": "psycopg/",
     "structlog (a log line per job)": "structlog/",
-    "JobContext.__init__ (2 threading.Event + Lock per job)": "JobContext.__init__",
+    "JobContext.__init__ (the per-job context)": "JobContext.__init__",
     "json (log rendering, result check)": "json/",
     "prometheus_client (metrics per job)": "prometheus_client",
     "Job.from_row (claimed row to dataclass)": "from_row (",

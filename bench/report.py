@@ -854,7 +854,9 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         "time as the submissions.",
         "- Claim latency under contention (several claimers at once) at the scale points; "
         "the scale phase times one claimer.",
-        "- Before/after figures for the profile's proposals (not applied yet).",
+        "- Before/after figures for changes made after a profile: a run measures one "
+        "version of the code (see 'Code measured'); comparing two runs' raw JSON "
+        "(bench/results/) is not generated into this report.",
     ]
     w("\n".join(gaps) + "\n")
 

@@ -460,9 +460,18 @@ def _failures(data: dict[str, Any]) -> list[str]:
                     f"burn {name} {r.get('setting') or r.get('concurrency')}: "
                     f"{r.get('error') or 'verification failed'}"
                 )
-    for section in ("rescue", "profile", "http", "scale", "retention"):
+    for section in ("rescue", "profile", "scale", "retention"):
         if section in data and not data[section].get("ok"):
             bad.append(f"{section}: {data[section].get('error') or data[section].get('verify')}")
+    http = data.get("http")
+    if http is not None and not http.get("ok"):
+        if "error" in http:
+            bad.append(f"http: {http['error']}")
+        elif len(http.get("results", [])) < len(http_submit.MODES):
+            bad.append("http: not every mode ran")
+        for r in http.get("results", []):
+            if not r.get("ok"):
+                bad.append(f"http {r['mode']}: {r['verify']}")
     return bad
 
 
