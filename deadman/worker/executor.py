@@ -37,9 +37,10 @@ class JobLog:
     """``log.bind(**fields)``, done on first use: at thousands of jobs/s most jobs log
     nothing at the default level, and binding every one cost more than running it."""
 
-    __slots__ = ("_bound", "_fields")
+    __slots__ = ("_bound", "_debug", "_fields")
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, debug: bool, **fields: Any) -> None:
+        self._debug = debug  # the executor asks once whether debug lines are wanted
         self._fields = fields
         self._bound: Any = None
 
@@ -49,7 +50,7 @@ class JobLog:
         return self._bound
 
     def debug(self, event: str, **kw: Any) -> None:
-        if log.is_enabled_for(logging.DEBUG):
+        if self._debug:
             self._logger().debug(event, **kw)
 
     def info(self, event: str, **kw: Any) -> None:
@@ -113,6 +114,7 @@ class Executor:
         self._trust_s = trust_s
         self._threads = threads
         self.tasks: set[asyncio.Task[None]] = set()
+        self._debug = log.is_enabled_for(logging.DEBUG)
 
     def start(self, job: Job, claimed_at: float) -> None:
         """Take a slot and run the job in its own task. ``claimed_at``: monotonic time
@@ -231,6 +233,7 @@ class Executor:
     async def _run(self, held: Held, spec: HandlerSpec | None) -> None:
         job, ctx = held.job, held.ctx
         bound = JobLog(
+            self._debug,
             job_id=job.id,
             type=job.type,
             queue=job.queue,
