@@ -135,13 +135,13 @@ class NewJob:
     def params(
         self,
         default_max_attempts: int,
-        request_hash: str | None = None,
         *,
         pending_deps: int = 0,
         upstream_error: str | None = None,
     ) -> dict[str, Any]:
         """job_insert's parameters; ``pending_deps``/``upstream_error`` come from
-        job_deps_lock (see :func:`deps_verdict`)."""
+        job_deps_lock (see :func:`deps_verdict`). The request's fingerprint only
+        matters (and is only computed) when there is an idempotency key."""
         return {
             "type": self.type,
             "queue": self.queue,
@@ -153,7 +153,7 @@ class NewJob:
             "backoff": Jsonb(self.backoff.to_json()),
             "timeout_ms": self.timeout_ms,
             "idempotency_key": self.idempotency_key,
-            "request_hash": request_hash,
+            "request_hash": self.request_hash() if self.idempotency_key else None,
             "pending_deps": pending_deps,
             "upstream_error": upstream_error,
             "start_by": self.start_by,
@@ -611,7 +611,7 @@ class AsyncStore:
         # insert the job twice, so only keyed inserts are retried.
         rows = await self._all(
             "job_insert",
-            job.params(default_max_attempts, job.request_hash()),
+            job.params(default_max_attempts),
             retry_s=None if job.idempotency_key else 0,
         )
         return Job.from_row(rows[0]) if rows else None
@@ -627,7 +627,6 @@ class AsyncStore:
                     QUERIES["job_insert"],
                     job.params(
                         default_max_attempts,
-                        job.request_hash(),
                         pending_deps=pending,
                         upstream_error=upstream,
                     ),
@@ -941,9 +940,7 @@ class SyncStore:
         """With depends_on, needs a transaction (the caller's, else one of its own)."""
         if not job.depends_on:
             with translate(), conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(
-                    QUERIES["job_insert"], job.params(default_max_attempts, job.request_hash())
-                )
+                cur.execute(QUERIES["job_insert"], job.params(default_max_attempts))
                 row = cur.fetchone()
                 return Job.from_row(row) if row else None
         if conn.autocommit:
@@ -963,7 +960,6 @@ class SyncStore:
                 QUERIES["job_insert"],
                 job.params(
                     default_max_attempts,
-                    job.request_hash(),
                     pending_deps=pending,
                     upstream_error=upstream,
                 ),
