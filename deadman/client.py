@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from deadman.config import Settings
 from deadman.errors import ConfigError, DuplicateKey
-from deadman.model import Backoff, Job, Workflow
+from deadman.model import DEFAULT_BACKOFF, Backoff, Job, Workflow
 from deadman.store import NewJob, NewWorkflow, SyncConn, SyncStore
 
 
@@ -91,7 +91,7 @@ class Client:
             run_at=run_at,
             delay_ms=_to_ms(delay) or 0,
             max_attempts=max_attempts,
-            backoff=backoff or Backoff(),
+            backoff=backoff or DEFAULT_BACKOFF,
             timeout_ms=_to_ms(timeout),
             idempotency_key=idempotency_key,
             depends_on=tuple(d.id if isinstance(d, Job) else int(d) for d in depends_on),

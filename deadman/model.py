@@ -7,6 +7,7 @@ here, and ``tests/unit/test_model.py`` checks every pair of states against it.
 from __future__ import annotations
 
 import enum
+import json
 import random
 import re
 from collections.abc import Sequence
@@ -180,10 +181,21 @@ class Backoff:
             "jitter": self.jitter,
         }
 
+    @property
+    def json_text(self) -> str:
+        """to_json() as JSON text, made once per policy (equal policies share it: bulk
+        enqueue writes it for every row)."""
+        text = _BACKOFF_TEXT.get(self)
+        if text is None:
+            text = json.dumps(self.to_json())
+            if len(_BACKOFF_TEXT) < 1024:
+                _BACKOFF_TEXT[self] = text
+        return text
+
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Backoff:
         if not data:
-            return _DEFAULT_BACKOFF
+            return DEFAULT_BACKOFF
         key = (
             data.get("strategy", "exponential"),
             int(data.get("base_ms", 1000)),
@@ -200,8 +212,9 @@ class Backoff:
         return found
 
 
-_DEFAULT_BACKOFF = Backoff()
+DEFAULT_BACKOFF = Backoff()
 _BACKOFFS: dict[tuple[Any, ...], Backoff] = {}
+_BACKOFF_TEXT: dict[Backoff, str] = {}
 #: JobState by value: a dict lookup instead of the Enum constructor (per claimed job)
 _STATES: dict[str, JobState] = {s.value: s for s in JobState}
 

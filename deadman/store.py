@@ -1023,6 +1023,8 @@ class SyncStore:
         with translate(), conn.cursor() as cur:
             cur.execute(QUERIES["job_stage_prepare"])
             cur.execute(QUERIES["job_stage_clear"])
+            # jsonb columns as JSON text (text-format COPY): the backoff's text is made
+            # once per policy rather than once per row
             with cur.copy(QUERIES["job_stage_copy"]) as copy:
                 for i, job in enumerate(jobs):
                     copy.write_row(
@@ -1031,9 +1033,9 @@ class SyncStore:
                             job.type,
                             job.queue,
                             job.priority,
-                            Jsonb(job.payload),
+                            json.dumps(job.payload),
                             job.max_attempts or default_max_attempts,
-                            Jsonb(job.backoff.to_json()),
+                            job.backoff.json_text,
                             job.timeout_ms,
                             job.run_at,
                             job.delay_ms,

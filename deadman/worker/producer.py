@@ -141,9 +141,7 @@ class Producer:
         if now < self._next_quarantine_check:
             return
         self._next_quarantine_check = now + QUARANTINE_CHECK_S
-        self._suspects = await self._store.job_quarantine_pending(
-            self._queues, self._quarantine_at
-        )
+        self._suspects = await self._store.job_quarantine_pending(self._queues, self._quarantine_at)
 
     def _claim_params(self, queue: str, limit: int, ttl_ms: int) -> ClaimParams:
         return ClaimParams(
