@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plot
+from bench.common import median
 
 PEERS = ("pgqueuer", "procrastinate")
 
@@ -134,6 +135,7 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _latency(data, w, plots, md_path)
     _rescue(data, w)
     _profile(data, w)
+    _before_after(w, md_path)
     _scaling(data, w)
     _http(data, w)
     _scale(data, w)
@@ -461,6 +463,39 @@ def _profile(data: dict[str, Any], w: Any) -> None:
         _statements(w, stm)
 
 
+def _before_after(w: Any, md_path: Path) -> None:
+    """The newest ``python -m bench.ab`` result, if there is one (a separate command:
+    two revisions of Deadman, interleaved)."""
+    found = sorted((md_path.parent / "bench" / "results").glob("ab-*.json"))
+    if not found:
+        return
+    ab = json.loads(found[-1].read_text())
+    s, rev, med = ab["setting"], ab["revisions"], ab["median_jobs_per_s"]
+    m = ab.get("machine", {})
+    w("## Before and after the profile's fixes\n")
+    w(
+        f"From `python -m bench.ab --base {rev['before'].split('+')[0]} --processes "
+        f"{s['processes']} --concurrency {s['concurrency']} --reps "
+        f"{len(ab['runs']['after'])}` (run {ab['started_at']}, not part of `bench.run`; raw: "
+        f"`{_rel(found[-1], md_path)}`): the same {s['jobs']:,}-job burn-down for revision "
+        f"`{rev['before']}` (before) and `{rev['after']}` (after), alternating rep by rep "
+        f"on one private durable cluster ({m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+        f"Postgres {m.get('postgres', '?')}).\n"
+    )
+    w("| revision | runs (jobs/s) | median | worker cores | Postgres cores |")
+    w("|---|---|---|---|---|")
+    for side in ("before", "after"):
+        runs = ab["runs"][side]
+        cores_w = median([r["cpu_cores"].get("workers", 0) for r in runs])
+        cores_p = median([r["cpu_cores"].get("postgres", 0) for r in runs])
+        w(
+            f"| {side} `{rev[side]}` | {', '.join(_f(r['jobs_per_s']) for r in runs)} | "
+            f"{_f(med[side])} | {cores_w:.2f} | {cores_p:.2f} |"
+        )
+    ok = "every run verified exactly once" if ab.get("ok") else "**a run failed its check**"
+    w(f"\nAfter / before: **{ab['ratio']}x** ({ok}).\n")
+
+
 def _scaling(data: dict[str, Any], w: Any) -> None:
     burn = data.get("burn", {})
     runs = [r for r in burn.get("deadman", []) if r.get("ok")]
@@ -501,10 +536,9 @@ def _scaling(data: dict[str, Any], w: Any) -> None:
             f"{hb['rows'] / hb['calls']:,.0f} leases on average (mean {hb['mean_ms']:,.0f} ms), "
             f"far more than the {conc} slots, and each completer flush took "
             f"{fin['mean_ms']:,.0f} ms for {fin['rows'] / max(fin['calls'], 1):,.0f} rows. "
-            "A slot is freed when the handler returns, before its outcome is written, so "
-            "when flushes fall behind the claims, finished-but-unwritten jobs pile up as "
-            "'running' rows whose leases every heartbeat renews, and the heartbeat and the "
-            "completer then lock the same rows. Nothing bounds that backlog today."
+            "Slots are held until outcomes are written (DECISIONS.md 21), so this should "
+            "not happen; if it does, finished-but-unwritten jobs are piling up as 'running' "
+            "rows whose leases every heartbeat renews."
         )
     cp = data["machine"].get("commit_probe")
     if cp:
@@ -537,8 +571,9 @@ def _scaling(data: dict[str, Any], w: Any) -> None:
     else:
         lines.append(
             f"- The cores are not saturated ({busy:.2f} of {cores}): the limit is waiting, "
-            "not CPU — round trips per job and the one-claim-at-a-time producer loop (see "
-            "the profile and the statements table)."
+            "not CPU: each worker waits on its claim and completion round trips (two "
+            "cohorts of slots per worker overlap them, DECISIONS.md 23; see the profile "
+            "and the statements table)."
         )
     w("\n".join(lines) + "\n")
 

@@ -1,0 +1,149 @@
+"""Before/after: the same burn-down for two revisions of Deadman, interleaved.
+
+    python -m bench.ab --base e5104d1                  # that commit vs this checkout
+    python -m bench.ab --base e5104d1 --reps 5 --processes 1 --concurrency 200
+
+Each side runs from its own tree (``git worktree`` for a commit, this checkout for
+``.``) with its own migrations, in its own database of one private durable cluster;
+the sides alternate rep by rep, so a busy machine slows both alike. Each run checks
+that every job succeeded exactly once, as the main suite does. The raw results go to
+``bench/results/ab-<time>.json``; ``bench.report`` puts the newest one into
+BENCHMARKS.md ("Before and after").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, create_database, durable_cluster, machine, median
+
+# Run inside the side's tree: its own bench.deadman_bench drives its own workers.
+DRIVER = """
+import json, sys
+from pathlib import Path
+from bench import deadman_bench as dm
+dsn, n, p, c, logdir, setup = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
+if setup == "1":
+    dm.setup(dsn)
+else:
+    r = dm.burn_down(dsn, n, p, c, Path(logdir))
+    print(json.dumps({k: r[k] for k in ("jobs_per_s", "cpu_cores", "verify")}))
+"""
+
+
+def _tree(rev: str, keep: list[Path]) -> tuple[Path, str]:
+    """(directory, commit) for a revision; '.' is this checkout as it is."""
+    if rev == ".":
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return ROOT, head + ("+changes" if dirty else "")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    where = Path(tempfile.mkdtemp(prefix=f"deadman-ab-{commit}-"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "--force", str(where), commit],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    keep.append(where)
+    return where, commit
+
+
+def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
+    env = {"PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, *args],
+        cwd=tree,
+        env={**_base_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"driver in {tree} failed: {out.stderr[-2000:]}")
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("DEADMAN_")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the 'before' revision (a commit)")
+    ap.add_argument("--rev", default=".", help="the 'after' revision (default: this checkout)")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=200)
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", help="raw JSON path (default bench/results/ab-<time>.json)")
+    a = ap.parse_args(argv)
+    keep: list[Path] = []
+    results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    try:
+        sides = {"before": _tree(a.base, keep), "after": _tree(a.rev, keep)}
+        with durable_cluster() as cluster:
+            dsns = {side: create_database(cluster, f"ab_{side}") for side in sides}
+            info = machine(dsns["after"])
+            logdir = Path(tempfile.mkdtemp(prefix="deadman-ab-logs-"))
+            common = [str(a.jobs), str(a.processes), str(a.concurrency), str(logdir)]
+            for side, (tree, _) in sides.items():
+                _drive(tree, [dsns[side], *common, "1"])
+            for rep in range(a.reps):
+                for side, (tree, commit) in sides.items():
+                    r = _drive(tree, [dsns[side], *common, "0"])
+                    results[side].append(r)
+                    ok = (r.get("verify") or {}).get("ok")
+                    print(
+                        f"rep {rep + 1} {side} ({commit}): {r.get('jobs_per_s')} jobs/s, "
+                        f"exactly once: {ok}",
+                        flush=True,
+                    )
+    finally:
+        for where in keep:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False
+            )
+    failed = [r for rs in results.values() for r in rs if not (r.get("verify") or {}).get("ok")]
+    med = {side: median([r["jobs_per_s"] for r in rs]) for side, rs in results.items()}
+    data = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": info,
+        "setting": {"processes": a.processes, "concurrency": a.concurrency, "jobs": a.jobs},
+        "revisions": {side: commit for side, (_, commit) in sides.items()},
+        "runs": results,
+        "median_jobs_per_s": med,
+        "ratio": round(med["after"] / med["before"], 3) if med["before"] else None,
+        "ok": not failed,
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"ab-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(
+        f"median before {med['before']}, after {med['after']} jobs/s "
+        f"({data['ratio']}x); every run exactly once: {data['ok']}; raw: {out}"
+    )
+    return 0 if data["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
