@@ -3,20 +3,15 @@ the key's lifetime (that of its job row)."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-
-import httpx
 
 from tests.factories import connect
 from tests.integration.test_api_support import (
     api_client,
     assert_problem,
-    client,
     error_fields,
-    make_app,
     new_job,
-    serve,
+    post_together,
 )
 
 
@@ -74,25 +69,8 @@ def test_key_syntax(db_dsn: str) -> None:
 
 def test_twenty_concurrent_identical_requests_make_one_job(db_dsn: str) -> None:
     n = 20
-    barrier = threading.Barrier(n)
-    responses: list[httpx.Response] = []
-    lock = threading.Lock()
-    with serve(make_app(db_dsn, pool_max_size=10)) as base_url:
-
-        def submit() -> None:
-            with client(base_url) as c:
-                c.get("/health")  # connect first, so the POSTs start together
-                barrier.wait(timeout=30)
-                r = c.post("/jobs", json=new_job(payload="same"), headers={"Idempotency-Key": "k"})
-            with lock:
-                responses.append(r)
-
-        threads = [threading.Thread(target=submit) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    assert len(responses) == n
+    key = {"Idempotency-Key": "k"}
+    responses = post_together(db_dsn, "/jobs", [new_job(payload="same")] * n, key)
     assert Counter(r.status_code for r in responses) == {201: 1, 200: n - 1}
     ids = {r.json()["id"] for r in responses}
     assert len(ids) == 1
@@ -100,28 +78,11 @@ def test_twenty_concurrent_identical_requests_make_one_job(db_dsn: str) -> None:
 
 
 def test_concurrent_different_bodies_under_one_key_make_one_job(db_dsn: str) -> None:
-    n = 10
-    barrier = threading.Barrier(n)
-    results: list[tuple[int, httpx.Response]] = []
-    lock = threading.Lock()
-    with serve(make_app(db_dsn, pool_max_size=10)) as base_url:
-
-        def submit(i: int) -> None:
-            with client(base_url) as c:
-                c.get("/health")
-                barrier.wait(timeout=30)
-                r = c.post("/jobs", json=new_job(payload=i % 2), headers={"Idempotency-Key": "k"})
-            with lock:
-                results.append((i, r))
-
-        threads = [threading.Thread(target=submit, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+    bodies = [new_job(payload=i % 2) for i in range(10)]
+    results = post_together(db_dsn, "/jobs", bodies, {"Idempotency-Key": "k"})
     (job_id,) = _jobs_with_key(db_dsn, "k")
-    winner = next(r.json()["payload"] for _, r in results if r.status_code == 201)
-    for i, r in results:
+    winner = next(r.json()["payload"] for r in results if r.status_code == 201)
+    for i, r in enumerate(results):
         if i % 2 == winner:
             assert r.status_code in (200, 201) and r.json()["id"] == str(job_id)
         else:

@@ -79,6 +79,31 @@ def api_client(dsn: str, **kwargs: Any) -> Iterator[httpx.Client]:
         yield c
 
 
+def post_together(
+    dsn: str, path: str, bodies: list[Any], headers: dict[str, str]
+) -> list[httpx.Response]:
+    """POST each body from its own thread and connection, all released at once by a
+    barrier (each connects first, so the requests really race); responses in order."""
+    n = len(bodies)
+    barrier = threading.Barrier(n)
+    responses: list[httpx.Response | None] = [None] * n
+    with serve(make_app(dsn, pool_max_size=10)) as base_url:
+
+        def submit(i: int) -> None:
+            with client(base_url) as c:
+                c.get("/health")
+                barrier.wait(timeout=30)
+                responses[i] = c.post(path, json=bodies[i], headers=headers)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert all(r is not None for r in responses), "a request did not finish"
+    return [r for r in responses if r is not None]
+
+
 def new_job(**fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"type": "noop", "payload": {"n": 1}}
     body.update(fields)

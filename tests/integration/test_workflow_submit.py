@@ -4,12 +4,10 @@ requests, the caller's transaction, and invalid graphs refused before any SQL.""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from deadman.client import Client
@@ -17,13 +15,7 @@ from deadman.errors import DuplicateKey
 from deadman.model import JobState, WorkflowState
 from deadman.store import InvalidWorkflow
 from tests.factories import connect
-from tests.integration.test_api_support import (
-    api_client,
-    assert_problem,
-    client,
-    make_app,
-    serve,
-)
+from tests.integration.test_api_support import api_client, assert_problem, post_together
 from tests.integration.test_worker_inprocess import SETTINGS
 from tests.integration.test_workflows import DIAMOND, nodes, run
 
@@ -149,25 +141,7 @@ def test_post_workflows_with_a_key_replays(db_dsn: str) -> None:
 
 def test_twenty_concurrent_identical_workflow_requests_make_one_workflow(db_dsn: str) -> None:
     n = 20
-    barrier = threading.Barrier(n)
-    responses: list[httpx.Response] = []
-    lock = threading.Lock()
-    with serve(make_app(db_dsn, pool_max_size=10)) as base_url:
-
-        def submit() -> None:
-            with client(base_url) as c:
-                c.get("/health")  # connect first, so the POSTs start together
-                barrier.wait(timeout=30)
-                r = c.post("/workflows", json=DIAMOND, headers={"Idempotency-Key": "same"})
-            with lock:
-                responses.append(r)
-
-        threads = [threading.Thread(target=submit) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    assert len(responses) == n
+    responses = post_together(db_dsn, "/workflows", [DIAMOND] * n, {"Idempotency-Key": "same"})
     assert Counter(r.status_code for r in responses) == {201: 1, 200: n - 1}
     assert len({r.json()["id"] for r in responses}) == 1
     assert counts(db_dsn) == (1, 4, 4)
