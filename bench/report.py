@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import plot
-from bench.common import median
 
 PEERS = ("pgqueuer", "procrastinate")
 
@@ -464,36 +463,39 @@ def _profile(data: dict[str, Any], w: Any) -> None:
 
 
 def _before_after(w: Any, md_path: Path) -> None:
-    """The newest ``python -m bench.ab`` result, if there is one (a separate command:
-    two revisions of Deadman, interleaved)."""
-    found = sorted((md_path.parent / "bench" / "results").glob("ab-*.json"))
-    if not found:
+    """The newest ``python -m bench.ab`` result per setting, if any (a separate
+    command: two revisions of Deadman, interleaved)."""
+    newest: dict[tuple[int, int], tuple[Path, dict[str, Any]]] = {}
+    for path in sorted((md_path.parent / "bench" / "results").glob("ab-*.json")):
+        ab = json.loads(path.read_text())
+        newest[ab["setting"]["processes"], ab["setting"]["concurrency"]] = (path, ab)
+    if not newest:
         return
-    ab = json.loads(found[-1].read_text())
-    s, rev, med = ab["setting"], ab["revisions"], ab["median_jobs_per_s"]
-    m = ab.get("machine", {})
     w("## Before and after the profile's fixes\n")
     w(
-        f"From `python -m bench.ab --base {rev['before'].split('+')[0]} --processes "
-        f"{s['processes']} --concurrency {s['concurrency']} --reps "
-        f"{len(ab['runs']['after'])}` (run {ab['started_at']}, not part of `bench.run`; raw: "
-        f"`{_rel(found[-1], md_path)}`): the same {s['jobs']:,}-job burn-down for revision "
-        f"`{rev['before']}` (before) and `{rev['after']}` (after), alternating rep by rep "
-        f"on one private durable cluster ({m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
-        f"Postgres {m.get('postgres', '?')}).\n"
+        "From `python -m bench.ab --base <before> --processes P --concurrency C --reps 3`, "
+        "not part of `bench.run`: the same 20,000-job burn-down for two revisions, "
+        "alternating rep by rep on one private durable cluster, every run verified "
+        "exactly once. Newest result per setting:\n"
     )
-    w("| revision | runs (jobs/s) | median | worker cores | Postgres cores |")
-    w("|---|---|---|---|---|")
-    for side in ("before", "after"):
-        runs = ab["runs"][side]
-        cores_w = median([r["cpu_cores"].get("workers", 0) for r in runs])
-        cores_p = median([r["cpu_cores"].get("postgres", 0) for r in runs])
+    w("| setting | before | after | runs before (jobs/s) | runs after (jobs/s) | after / before |")
+    w("|---|---|---|---|---|---|")
+    for (p, c), (_path, ab) in sorted(newest.items()):
+        rev, med, runs = ab["revisions"], ab["median_jobs_per_s"], ab["runs"]
+        ok = "" if ab.get("ok") else " (**a run failed its check**)"
         w(
-            f"| {side} `{rev[side]}` | {', '.join(_f(r['jobs_per_s']) for r in runs)} | "
-            f"{_f(med[side])} | {cores_w:.2f} | {cores_p:.2f} |"
+            f"| P={p}, C={c} | `{rev['before']}` {_f(med['before'])} | `{rev['after']}` "
+            f"{_f(med['after'])} | {', '.join(_f(r['jobs_per_s']) for r in runs['before'])} | "
+            f"{', '.join(_f(r['jobs_per_s']) for r in runs['after'])} | **{ab['ratio']}x**{ok} |"
         )
-    ok = "every run verified exactly once" if ab.get("ok") else "**a run failed its check**"
-    w(f"\nAfter / before: **{ab['ratio']}x** ({ok}).\n")
+    m = next(iter(newest.values()))[1].get("machine", {})
+    w(
+        f"\nMachine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres "
+        f"{m.get('postgres', '?')}. Raw: "
+        + ", ".join(f"`{_rel(path, md_path)}`" for path, _ in newest.values())
+        + ". `+changes`: the checkout had uncommitted edits outside the package (the "
+        "report itself).\n"
+    )
 
 
 def _scaling(data: dict[str, Any], w: Any) -> None:
@@ -889,9 +891,8 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         "time as the submissions.",
         "- Claim latency under contention (several claimers at once) at the scale points; "
         "the scale phase times one claimer.",
-        "- Before/after figures for changes made after a profile: a run measures one "
-        "version of the code (see 'Code measured'); comparing two runs' raw JSON "
-        "(bench/results/) is not generated into this report.",
+        "- Before/after of the peers' and Deadman's other phases (bulk, latency, scale): "
+        "`bench.ab` compares two revisions on the burn-down only.",
     ]
     w("\n".join(gaps) + "\n")
 
