@@ -29,6 +29,7 @@ class TickReport:
     dead: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
     pruned: int = 0
+    workflows_pruned: int = 0
 
 
 #: Prune batches per prune round at most (each deletes up to 2 x PruneParams.limit).
@@ -100,6 +101,13 @@ class Rescuer:
             if report.pruned:
                 metrics.JOBS_PRUNED.inc(report.pruned)
                 log.info("jobs_pruned", count=report.pruned)
+            for _ in range(PRUNE_BATCHES_MAX):
+                n = await self._store.workflow_prune_finished(prune)
+                report.workflows_pruned += n
+                if n < prune.limit:
+                    break
+            if report.workflows_pruned:
+                log.info("workflows_pruned", count=report.workflows_pruned)
             await self._store.worker_prune_stale(
                 int(max(self._settings.lease_ttl_s * 10, 300) * 1000)
             )

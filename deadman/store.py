@@ -741,6 +741,14 @@ class AsyncStore:
         )
         return len(rows)
 
+    async def workflow_prune_finished(self, p: PruneParams) -> int:
+        """Delete finished workflows with no node left; returns how many."""
+        rows = await self._all(
+            "workflow_prune_finished",
+            {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit},
+        )
+        return len(rows)
+
     async def lease_refusal_record(
         self, worker: str, action: str, leases: Sequence[tuple[int, int]]
     ) -> None:

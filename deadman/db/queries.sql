@@ -411,6 +411,24 @@ WITH doomed AS (
 DELETE FROM deadman.jobs j USING doomed d WHERE j.id = d.id
 RETURNING j.id;
 
+-- name: workflow_prune_finished
+-- Retention for workflows: a finished workflow goes once it finished longer ago than
+-- %(keep_ms)s (the longer of the two job retentions) and none of its nodes is left
+-- (job_prune_finished deletes them; the check goes through jobs_workflow_node_uq).
+-- Oldest first, in batches, like job_prune_finished. A workflow with a node left is
+-- kept: the node can still be retried, which reopens the workflow.
+WITH doomed AS (
+    SELECT w.id FROM deadman.workflows w
+    WHERE w.state <> 'running'
+      AND w.finished_at < now() - %(keep_ms)s::bigint * interval '1 millisecond'
+      AND NOT EXISTS (SELECT 1 FROM deadman.jobs j WHERE j.workflow_id = w.id)
+    ORDER BY w.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM deadman.workflows w USING doomed d WHERE w.id = d.id
+RETURNING w.id;
+
 -- name: job_attempts
 SELECT lease_token, job_id, attempt, worker, started_at, finished_at, outcome, error
 FROM deadman.attempts WHERE job_id = %(id)s ORDER BY lease_token;

@@ -192,6 +192,13 @@ def test_prune_finds_its_rows_through_the_finished_index(seeded_dsn: str) -> Non
     assert {n["Index Name"] for n in finished_at_scans} == {"jobs_finished_idx"}
 
 
+def test_workflow_prune_checks_for_nodes_through_the_workflow_index(seeded_dsn: str) -> None:
+    """'No node left' must be an index probe per workflow, not a scan of 100k jobs."""
+    nodes = explain(seeded_dsn, "workflow_prune_finished", {"keep_ms": 60_000, "limit": 1000})
+    assert seq_scans_on_jobs(nodes) == [], nodes
+    assert "jobs_workflow_node_uq" in indexes_used(nodes), nodes
+
+
 # ------------------------------------------------------------------ HOT renewals
 
 

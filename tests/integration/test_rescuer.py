@@ -28,6 +28,7 @@ from tests.factories import (
     with_store,
 )
 from tests.helpers import wait_for
+from tests.integration.test_api_support import api_client
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -250,6 +251,44 @@ def test_retention_follows_the_settings(db_dsn: str) -> None:
         assert tick(db_dsn, settings).pruned == 2
         left = [r["id"] for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
     assert left == kept and not set(gone) & set(left)
+
+
+def test_retention_deletes_a_finished_workflow_once_its_nodes_are_gone(db_dsn: str) -> None:
+    """Retention 60 s (succeeded) / 300 s (dead). x finished 10 minutes ago with both
+    nodes succeeded: nodes pruned, then the workflow. y finished then too, but its
+    dead node is a minute old and kept, so y stays. z is still running: it stays."""
+    settings = Settings(retention_succeeded_s=60, retention_failed_s=300)
+    wf = {"nodes": [{"name": "a", "type": "noop"}, {"name": "b", "type": "noop"}]}
+    with api_client(db_dsn) as c:
+        ids = [int(c.post("/workflows", json={"name": n, **wf}).json()["id"]) for n in "xyz"]
+    done, failed, running = ids
+    with connect(db_dsn) as conn:
+        # x: both nodes succeeded long ago; y: one dead a minute ago; z: still running
+        conn.execute(
+            "UPDATE deadman.jobs SET state = 'succeeded', finished_at = now() - interval '10"
+            " minutes' WHERE workflow_id = %s OR (workflow_id = %s AND node = 'a')",
+            (done, failed),
+        )
+        conn.execute(
+            "UPDATE deadman.jobs SET state = 'dead', finished_at = now() - interval '1 minute'"
+            " WHERE workflow_id = %s AND node = 'b'",
+            (failed,),
+        )
+        conn.execute(
+            "UPDATE deadman.workflows SET finished_at = now() - interval '10 minutes'"
+            " WHERE id = ANY(%s)",
+            ([done, failed],),
+        )
+        report = tick(db_dsn, settings)
+        left = {r["id"] for r in conn.execute("SELECT id FROM deadman.workflows")}
+        nodes_left = {
+            (r["workflow_id"], r["node"])
+            for r in conn.execute("SELECT workflow_id, node FROM deadman.jobs")
+        }
+    assert report.pruned == 3  # x.a, x.b, y.a (succeeded 10 minutes ago)
+    assert report.workflows_pruned == 1
+    assert left == {failed, running}
+    assert nodes_left == {(failed, "b"), (running, "a"), (running, "b")}
 
 
 def test_prune_every_tick(db_dsn: str) -> None:
