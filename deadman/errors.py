@@ -74,7 +74,13 @@ def translate() -> Iterator[None]:
         raise InvalidJob(str(exc.diag.message_primary or exc)) from exc
     except psycopg.DataError as exc:  # refused client-side while adapting a value
         raise InvalidJob(str(exc)) from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+    except (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        # the server ended a session left idle in its transaction (see rescuer_try_lock):
+        # the connection is gone, as after any other disconnect
+        pgerr.IdleInTransactionSessionTimeout,
+    ) as exc:
         raise DatabaseUnavailable(str(exc)) from exc
     except Exception as exc:  # pool timeouts live outside psycopg's error tree
         if type(exc).__name__ in {"PoolTimeout", "TooManyRequests", "PoolClosed"}:

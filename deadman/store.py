@@ -230,6 +230,8 @@ class HeartbeatParams:
 class RescueParams:
     max_rescues: int
     limit: int = 1000
+    #: a leader idle this long inside its tick's transaction loses its session
+    idle_ms: int = 5000
 
     @property
     def quarantine_at(self) -> int:
@@ -716,7 +718,7 @@ class AsyncStore:
         """One rescuer tick. Returns None when another process holds leadership."""
         with translate():
             async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["rescuer_try_lock"])
+                cur = await conn.execute(QUERIES["rescuer_try_lock"], {"idle_ms": p.idle_ms})
                 row = await cur.fetchone()
                 if not row or not row["leader"]:
                     return None

@@ -300,8 +300,14 @@ SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- name: rescuer_try_lock
 -- Leadership for one rescuer tick: only the holder of this transaction-level lock
 -- acts; the others skip the tick. Dies with the transaction, so a crashed leader
--- never blocks the next one.
-SELECT pg_try_advisory_xact_lock(716341, 2) AS leader;
+-- never blocks the next one. A *paused* leader (SIGSTOP, a VM freeze, a partition)
+-- would hold it for as long as its transaction stays open, and no job would be
+-- rescued anywhere in the fleet (a chaos run on a loaded machine caught exactly
+-- that): so the server ends the tick's session once it sits idle in its transaction
+-- longer than %(idle_ms)s ms.
+SELECT pg_try_advisory_xact_lock(716341, 2) AS leader,
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true)
+           AS idle_limit_ms;
 
 -- name: job_rescue_expired
 -- Running jobs whose lease lapsed (by the database clock) go back to 'queued'

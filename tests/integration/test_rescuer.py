@@ -11,10 +11,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import DictRow
 
 from deadman.config import Settings
 from deadman.db.queries import QUERIES
+from deadman.errors import DatabaseUnavailable, translate
 from deadman.model import AttemptOutcome, JobState
 from deadman.rescuer import Rescuer, TickReport
 from deadman.store import Finish, RescueParams, finish_params
@@ -198,6 +200,24 @@ def test_no_leadership_while_another_rescuer_holds_the_lock(db_dsn: str) -> None
         assert report.leader and report.requeued == [job_id]
 
 
+def test_a_leader_paused_inside_its_tick_loses_leadership(db_dsn: str) -> None:
+    """A leader that stops mid-tick (SIGSTOP, a partition) holds the advisory lock in
+    an open transaction; the server ends that session after the idle limit, and the
+    next rescuer leads again, instead of no job ever being rescued."""
+    job_id, _ = _expired_running(db_dsn)
+    with psycopg.connect(db_dsn) as paused:  # a transaction left open, as if frozen
+        row = paused.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 300}).fetchone()
+        assert row is not None and row[0] is True
+        assert not tick(db_dsn).leader  # held: nobody else may rescue
+        wait_for(lambda: tick(db_dsn).leader, timeout=10, message="leadership to come back")
+        # when it wakes, its session is gone (and so is all it held): to the code
+        # that is one more lost connection, retried like any other
+        with pytest.raises(DatabaseUnavailable), translate():
+            paused.execute("SELECT 1")
+    with connect(db_dsn) as conn:
+        assert job_row(conn, job_id)["state"] == "queued"
+
+
 def test_the_migration_lock_does_not_block_the_rescuer(db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as migrator:
         migrator.execute(QUERIES["migrations_lock"])
@@ -360,7 +380,7 @@ def _complete(conn: psycopg.Connection[DictRow], job_id: int, token: int) -> lis
 
 
 def _rescue(conn: psycopg.Connection[DictRow]) -> list[int]:
-    lock = conn.execute(QUERIES["rescuer_try_lock"]).fetchone()
+    lock = conn.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 60_000}).fetchone()
     assert lock is not None and lock["leader"] is True
     rows = conn.execute(
         QUERIES["job_rescue_expired"], {"max_rescues": 5, "quarantine_at": 5, "limit": 1000}
@@ -463,7 +483,7 @@ def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None
     # never waits, and a later tick finds the row no longer running.
     job_id, token = _expired_running(db_dsn)
     with two_connections(db_dsn) as (worker, rescuer):
-        lock = rescuer.execute(QUERIES["rescuer_try_lock"]).fetchone()
+        lock = rescuer.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 60_000}).fetchone()
         assert lock is not None and lock["leader"]
         assert _complete(worker, job_id, token) == [job_id]
         rows = rescuer.execute(
