@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from deadman import logs, metrics
@@ -93,22 +94,25 @@ class Rescuer:
             # (100 jobs/s by default): a queue finishing more than that grew without
             # bound (measured: bench/retention.py). Batches stay short transactions;
             # the round ends when one comes back short, or after PRUNE_BATCHES_MAX.
-            for _ in range(PRUNE_BATCHES_MAX):
-                n = await self._store.job_prune_finished(prune)
-                report.pruned += n
-                if n < prune.limit:
-                    break
+            report.pruned = await _in_batches(self._store.job_prune_finished, prune)
             if report.pruned:
                 metrics.JOBS_PRUNED.inc(report.pruned)
                 log.info("jobs_pruned", count=report.pruned)
-            for _ in range(PRUNE_BATCHES_MAX):
-                n = await self._store.workflow_prune_finished(prune)
-                report.workflows_pruned += n
-                if n < prune.limit:
-                    break
+            report.workflows_pruned = await _in_batches(self._store.workflow_prune_finished, prune)
             if report.workflows_pruned:
                 log.info("workflows_pruned", count=report.workflows_pruned)
             await self._store.worker_prune_stale(
                 int(max(self._settings.lease_ttl_s * 10, 300) * 1000)
             )
         return report
+
+
+async def _in_batches(prune: Callable[[PruneParams], Awaitable[int]], p: PruneParams) -> int:
+    """Run one prune statement until a batch comes back short (or PRUNE_BATCHES_MAX)."""
+    total = 0
+    for _ in range(PRUNE_BATCHES_MAX):
+        n = await prune(p)
+        total += n
+        if n < p.limit:
+            break
+    return total
