@@ -911,6 +911,11 @@ class AsyncStore:
         """(state, n, estimated) for succeeded, dead, cancelled: exact up to ``cap``."""
         return await self._all("job_counts_finished", {"cap": cap})
 
+    async def xmin_horizon_age(self) -> int:
+        """Transactions since the oldest one still running began (see the query)."""
+        rows = await self._all("xmin_horizon_age", {})
+        return int(rows[0]["age"])
+
     # -- operating (CLI, dashboard, metrics) ---------------------------------------
 
     async def job_retry_dead_many(

@@ -134,9 +134,11 @@ class _JobGauges:
         self,
         queues: Sequence[Mapping[str, Any]] | None,
         finished: Sequence[Mapping[str, Any]] | None,
+        horizon_age: int | None = None,
     ) -> None:
         self._queues = queues
         self._finished = finished
+        self._horizon_age = horizon_age
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
@@ -181,7 +183,14 @@ class _JobGauges:
         for row in self._finished:
             finished.add_metric([str(row["state"])], int(row["n"]))
             estimated.add_metric([str(row["state"])], 1 if row["estimated"] else 0)
-        yield from (jobs, oldest, paused, finished, estimated)
+        horizon = GaugeMetricFamily(
+            "deadman_xmin_horizon_age_transactions",
+            "Transactions since the oldest still-running transaction in the cluster began; "
+            "while it grows (a transaction left open) vacuum reclaims nothing newer and the "
+            "jobs table bloats: alert on it",
+        )
+        horizon.add_metric([], self._horizon_age or 0)
+        yield from (jobs, oldest, paused, finished, estimated, horizon)
 
 
 async def metrics(request: Request) -> Response:
@@ -191,12 +200,14 @@ async def metrics(request: Request) -> Response:
     state: ApiState = request.app.state.deadman
     queues: Sequence[Mapping[str, Any]] | None = None
     finished: Sequence[Mapping[str, Any]] | None = None
+    horizon: int | None = None
     if state.store is not None:  # None only while the server starts or stops
         with contextlib.suppress(DatabaseUnavailable):
             queues = await state.store.queue_list()
             finished = await state.store.job_counts_finished()
+            horizon = await state.store.xmin_horizon_age()
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_JobGauges(queues, finished))
+    scrape.register(_JobGauges(queues, finished, horizon))
     body = generate_latest(REGISTRY) + generate_latest(scrape)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -435,6 +435,16 @@ WITH doomed AS (
 DELETE FROM deadman.workflows w USING doomed d WHERE w.id = d.id
 RETURNING w.id;
 
+-- name: xmin_horizon_age
+-- How many transactions old the oldest still-running transaction (one with an xid) of
+-- the whole cluster is: xmax - xmin of a fresh snapshot. While it grows, vacuum can
+-- reclaim no row version newer than it, and a queue table bloats and its claims slow
+-- down (BENCHMARKS.md, "a transaction held open"). Read-only, any role may run it;
+-- it does not see read-only REPEATABLE READ snapshots (those need pg_stat_activity
+-- with pg_read_all_stats).
+SELECT (pg_snapshot_xmax(s)::text::bigint - pg_snapshot_xmin(s)::text::bigint) AS age
+FROM pg_current_snapshot() AS s;
+
 -- name: job_attempts
 SELECT lease_token, job_id, attempt, worker, started_at, finished_at, outcome, error
 FROM deadman.attempts WHERE job_id = %(id)s ORDER BY lease_token;

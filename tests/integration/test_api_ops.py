@@ -116,6 +116,7 @@ def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
         assert 'deadman_jobs_finished_estimated{state="succeeded"} 0.0' in text
         assert 'deadman_queue_paused{queue="a"} 0.0' in text
         assert 'deadman_queue_oldest_due_age_seconds{queue="a"}' in text
+        assert "deadman_xmin_horizon_age_transactions " in text
         assert "ESTIMATE above" in text  # the help text says which numbers are estimates
         assert "deadman_api_database_up 1.0" in text
         assert 'deadman_api_requests_total{method="GET",route="/stats",status="200"}' in text
@@ -146,3 +147,22 @@ def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
     for path, methods in spec["paths"].items():
         for method, op in methods.items():
             assert op["operationId"] and op["responses"], (path, method)
+
+
+def _horizon(text: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith("deadman_xmin_horizon_age"))
+    return float(line.split()[-1])
+
+
+def test_metrics_show_a_transaction_left_open(db_dsn: str) -> None:
+    """The gauge to alert on: a transaction left open holds back vacuum (see the
+    retention benchmark); it grows with every transaction since, and drops when the
+    open one ends."""
+    with api_client(db_dsn) as c, connect(db_dsn, autocommit=False) as open_tx:
+        open_tx.execute("SELECT txid_current()")  # an xid: it holds the horizon
+        with connect(db_dsn) as other:
+            for _ in range(50):
+                other.execute("SELECT txid_current()")  # 50 transactions later
+        assert _horizon(c.get("/metrics").text) >= 50
+        open_tx.rollback()
+        assert _horizon(c.get("/metrics").text) < 50
