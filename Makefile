@@ -55,7 +55,7 @@ db-stop: install ## Stop the private demo Postgres
 	$(BIN)/deadman devdb stop
 
 clean: ## Stop the demo Postgres, remove .venv, .deadman and caches
-	-@test -x $(BIN)/deadman && $(BIN)/deadman devdb stop
+	-@test -x $(BIN)/deadman && $(BIN)/deadman devdb remove
 	rm -rf $(VENV) .deadman .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -132,6 +132,8 @@ def cmd_devdb(args: argparse.Namespace) -> int:
         print(devdb.ensure_running(base))
     elif args.action == "stop":
         devdb.stop(base)
+    elif args.action == "remove":
+        devdb.stop(base, remove=True)
     else:
         print(devdb.ensure_running(base))
     return 0
@@ -189,7 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_rescuer)
 
     d = sub.add_parser("devdb", help="a private Postgres under .deadman/ for demos")
-    d.add_argument("action", choices=["start", "stop", "url"])
+    d.add_argument(
+        "action",
+        choices=["start", "stop", "url", "remove"],
+        help="remove: stop it and delete a data directory kept under /tmp (make clean)",
+    )
     d.add_argument("--dir", default=str(DEVDB_BASE))
     d.set_defaults(func=cmd_devdb)
 

@@ -350,7 +350,7 @@ def ensure_running(base: Path) -> str:
     base = Path(base).absolute()
     _make_dirs(base)
     with _locked(base / "lock"):
-        datadir = base / "data"
+        datadir = _data_home(base)
         cluster = Cluster(datadir)
         if not (datadir / "PG_VERSION").exists():
             cluster.init()
@@ -368,11 +368,40 @@ def ensure_running(base: Path) -> str:
         return cluster.dsn(_DEMO_DBNAME)
 
 
-def stop(base: Path) -> None:
-    """Stop the cluster kept under ``base`` (see :func:`ensure_running`), if running."""
-    datadir = Path(base).absolute() / "data"
+def stop(base: Path, *, remove: bool = False) -> None:
+    """Stop the cluster kept under ``base`` (see :func:`ensure_running`), if running;
+    with ``remove``, also delete a data directory that was placed under /tmp because
+    ``base`` was out of the postgres user's reach (``make clean``)."""
+    link = Path(base).absolute() / "data"
+    datadir = link.resolve()
     if (datadir / "PG_VERSION").exists():
         Cluster(datadir).stop()
+    if remove and link.is_symlink():
+        shutil.rmtree(datadir.parent, ignore_errors=True)
+        link.unlink()
+
+
+def _data_home(base: Path) -> Path:
+    """``base/data``; or, when we run Postgres as the postgres user and it cannot reach
+    ``base`` (a checkout inside a private directory, such as one from ``mktemp -d``),
+    a directory under /tmp that ``base/data`` links to. Found again through the link;
+    a link whose target vanished (a reboot cleared /tmp) is replaced."""
+    link = base / "data"
+    if link.is_symlink():
+        if link.resolve().exists():
+            return link.resolve()
+        link.unlink()
+    if not _as_postgres() or link.exists() or _reachable(base):
+        return link
+    home = Path(tempfile.mkdtemp(prefix="deadman-devdb-", dir="/tmp"))
+    home.chmod(0o755)
+    link.symlink_to(home / "data")
+    return home / "data"
+
+
+def _reachable(path: Path) -> bool:
+    """Can the postgres user enter ``path`` (search permission on every ancestor)?"""
+    return _run(["test", "-x", str(path)]).returncode == 0
 
 
 def throwaway(prefix: str = "deadman-test-") -> Cluster:
@@ -464,8 +493,7 @@ def _prepare_datadir(datadir: Path) -> None:
     user = _postgres_user()
     os.chown(datadir, user.pw_uid, user.pw_gid)
     # access(2) as the postgres user checks search permission on every ancestor.
-    probe = _run(["test", "-x", str(datadir)])
-    if probe.returncode != 0:
+    if not _reachable(datadir):
         raise RuntimeError(
             f"the {_PG_USER!r} user cannot reach {datadir}: every parent directory must "
             "be traversable by it (e.g. chmod o+x), and pytest's /tmp/pytest-of-root is "

@@ -36,6 +36,29 @@ def base() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_checkout_the_postgres_user_cannot_enter_still_gets_its_database() -> None:
+    """A clone inside a private directory (``mktemp -d`` makes them 0700): as root,
+    the data directory goes under /tmp and .deadman/pg/data links to it; as a normal
+    user the server runs as that user, who can enter the directory, so no link."""
+    private = Path(tempfile.mkdtemp(prefix="deadman-private-", dir="/tmp"))  # 0700
+    base = private / "checkout" / ".deadman" / "pg"
+    try:
+        dsn = devdb.ensure_running(base)
+        assert query_one(dsn, "SELECT 1") == 1
+        link = base / "data"
+        assert link.is_symlink() == (os.geteuid() == 0)
+        home = link.resolve()
+        assert devdb.ensure_running(base) == dsn  # found again through the link
+        devdb.stop(base)
+        assert devdb.ensure_running(base) == dsn  # and started again
+        devdb.stop(base, remove=True)
+        assert not link.is_symlink()
+        assert home.exists() == (os.geteuid() != 0)
+    finally:
+        devdb.stop(base, remove=True)
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def test_throwaway_cluster_lifecycle() -> None:
     cluster = devdb.throwaway()
     try:
