@@ -4,17 +4,15 @@ the queue-depth check stops at the cap inside the claim index."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from deadman.db.queries import QUERIES
 from tests.factories import connect
+from tests.integration.test_query_plans import seeded_database
 
 SEED = """
 ALTER TABLE deadman.jobs DROP CONSTRAINT jobs_type_valid, DROP CONSTRAINT jobs_queue_valid;
@@ -35,23 +33,8 @@ ANALYZE deadman.jobs;
 
 @pytest.fixture(scope="module")
 def seeded_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    name = f"api_plans_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    dsn = make_conninfo(pg_server_dsn, dbname=name)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SEED)
+    with seeded_database(pg_server_dsn, template_db, "api_plans", SEED) as dsn:
         yield dsn
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -5,40 +5,29 @@ cap and fall back to an estimate that is close to the truth."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from deadman.db.queries import QUERIES
 from deadman.store import FINISHED_COUNT_CAP
 from tests.factories import connect
-from tests.integration.test_query_plans import SEED, explain, indexes_used, seq_scans_on_jobs
+from tests.integration.test_query_plans import (
+    SEED,
+    explain,
+    indexes_used,
+    seeded_database,
+    seq_scans_on_jobs,
+)
 
 
 @pytest.fixture(scope="module")
 def big_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    name = f"ops_plans_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    dsn = make_conninfo(pg_server_dsn, dbname=name)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SEED)
-            conn.execute("VACUUM deadman.jobs")  # set the visibility map: index-only scans
+    # VACUUM sets the visibility map: index-only scans
+    with seeded_database(
+        pg_server_dsn, template_db, "ops_plans", SEED, "VACUUM deadman.jobs"
+    ) as dsn:
         yield dsn
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 PENDING_INDEXES = {"jobs_list_state_idx", "jobs_claim_idx", "jobs_running_idx"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -61,27 +62,35 @@ ANALYZE deadman.jobs;
 """
 
 
-@pytest.fixture(scope="module")
-def seeded_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    """One seeded copy of the migrated template for the whole module (EXPLAIN without
-    ANALYZE executes nothing, so the tests cannot disturb each other)."""
-    name = f"plans_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+@contextmanager
+def seeded_database(server_dsn: str, template: str, prefix: str, *statements: str) -> Iterator[str]:
+    """A copy of the migrated template, seeded by ``statements`` (each run in
+    autocommit), dropped afterwards. For the plan tests: one per module, because
+    EXPLAIN without ANALYZE executes nothing and the tests cannot disturb each other."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
         admin.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
+                sql.Identifier(name), sql.Identifier(template)
             )
         )
-    dsn = make_conninfo(pg_server_dsn, dbname=name)
+    dsn = make_conninfo(server_dsn, dbname=name)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SEED)
+            for statement in statements:
+                conn.execute(statement.encode())
         yield dsn
     finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.fixture(scope="module")
+def seeded_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
+    with seeded_database(pg_server_dsn, template_db, "plans", SEED) as dsn:
+        yield dsn
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
