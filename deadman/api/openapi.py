@@ -218,8 +218,6 @@ def _workflow_schemas() -> dict[str, Any]:
 
 def _workflow_paths() -> dict[str, Any]:
     wf = _ref("Workflow")
-    location = {"required": True, "schema": {"type": "string"}, "description": "/workflows/{id}"}
-    replayed = {"required": True, "schema": {"const": "true"}}
     wf_id = {
         "name": "id",
         "in": "path",
@@ -237,30 +235,7 @@ def _workflow_paths() -> dict[str, Any]:
                 "<state>`). With `Idempotency-Key`, as for `POST /jobs`: the same key and "
                 "the same workflow again is 200 with the same workflow and "
                 "`Idempotent-Replayed: true`; a different workflow is 422.",
-                "parameters": [IDEMPOTENCY_KEY_HEADER],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NewWorkflow")}},
-                },
-                "responses": {
-                    "201": _json(wf, "Created.", Location=location),
-                    "200": _json(
-                        wf,
-                        "A replay: this key already made this workflow from the same request.",
-                        Location=location,
-                        **{"Idempotent-Replayed": replayed},
-                    ),
-                    **_responses(
-                        "MalformedJson",
-                        "Unauthorized",
-                        "Conflict",
-                        "ContentTooLarge",
-                        "UnsupportedMediaType",
-                        "Unprocessable",
-                        "QueueFull",
-                        "Unavailable",
-                    ),
-                },
+                **_keyed_create("NewWorkflow", "Workflow", "/workflows/{id}", "workflow"),
             }
         },
         "/workflows/{id}": {
@@ -678,9 +653,41 @@ IDEMPOTENCY_KEY_HEADER: dict[str, Any] = {
 }
 
 
+def _keyed_create(body: str, made: str, where: str, what: str) -> dict[str, Any]:
+    """Parameters, body and responses of a POST that creates under an Idempotency-Key
+    (POST /jobs, POST /workflows): 201 created, 200 a replay, the usual problems."""
+    location = {"required": True, "schema": {"type": "string"}, "description": where}
+    replayed = {"required": True, "schema": {"const": "true"}}
+    return {
+        "parameters": [IDEMPOTENCY_KEY_HEADER],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(body)}},
+        },
+        "responses": {
+            "201": _json(_ref(made), "Created.", Location=location),
+            "200": _json(
+                _ref(made),
+                f"A replay: this key already made this {what} from the same request.",
+                Location=location,
+                **{"Idempotent-Replayed": replayed},
+            ),
+            **_responses(
+                "MalformedJson",
+                "Unauthorized",
+                "Conflict",
+                "ContentTooLarge",
+                "UnsupportedMediaType",
+                "Unprocessable",
+                "QueueFull",
+                "Unavailable",
+            ),
+        },
+    }
+
+
 def _paths() -> dict[str, Any]:
     job = _ref("Job")
-    location = {"required": True, "schema": {"type": "string"}, "description": "/jobs/{id}"}
     replayed = {"required": True, "schema": {"const": "true"}}
     return {
         "/jobs": {
@@ -693,30 +700,7 @@ def _paths() -> dict[str, Any]:
                 "`Idempotent-Replayed: true`; the same key with a different request is 422. "
                 "Concurrent identical requests create one job; every caller gets its id. A "
                 "key lives as long as its job.",
-                "parameters": [IDEMPOTENCY_KEY_HEADER],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NewJob")}},
-                },
-                "responses": {
-                    "201": _json(job, "Created.", Location=location),
-                    "200": _json(
-                        job,
-                        "A replay: this key already made this job from the same request.",
-                        Location=location,
-                        **{"Idempotent-Replayed": replayed},
-                    ),
-                    **_responses(
-                        "MalformedJson",
-                        "Unauthorized",
-                        "Conflict",
-                        "ContentTooLarge",
-                        "UnsupportedMediaType",
-                        "Unprocessable",
-                        "QueueFull",
-                        "Unavailable",
-                    ),
-                },
+                **_keyed_create("NewJob", "Job", "/jobs/{id}", "job"),
             },
             "get": {
                 "operationId": "listJobs",
