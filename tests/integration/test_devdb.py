@@ -131,8 +131,15 @@ def test_ensure_running_is_idempotent_and_survives_a_stolen_port(base: Path) -> 
     assert devdb.ensure_running(base) == moved
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the datadir to postgres")
 def test_unreachable_parent_is_reported_before_initdb(tmp_path: Path) -> None:
-    # tmp_path lives under /tmp/pytest-of-root (0700): the postgres user cannot enter it.
-    with pytest.raises(RuntimeError, match="cannot reach"):
-        devdb.Cluster(tmp_path / "data").init()
+    """tmp_path lives under /tmp/pytest-of-<user> (0700). As root the server runs as
+    the postgres user, who cannot enter it: a clear error before initdb runs. As a
+    normal user the server runs as that user, who can: initdb succeeds."""
+    cluster = devdb.Cluster(tmp_path / "data")
+    if os.geteuid() == 0:
+        with pytest.raises(RuntimeError, match="cannot reach"):
+            cluster.init()
+        assert not (tmp_path / "data" / "PG_VERSION").exists()
+    else:
+        cluster.init()
+        assert (tmp_path / "data" / "PG_VERSION").exists()
