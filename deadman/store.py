@@ -844,30 +844,30 @@ class AsyncStore:
     ) -> tuple[DictRow, list[Job]] | None:
         """The workflow, its nodes and its edges in one statement; None when its
         idempotency key is taken (then read :meth:`workflow_get_by_idempotency_key`)."""
+        return await self._workflow_with_nodes(
+            "workflow_insert", workflow_params(wf, default_max_attempts)
+        )
+
+    async def workflow_get_by_idempotency_key(self, key: str) -> tuple[DictRow, list[Job]] | None:
+        return await self._workflow_with_nodes(
+            "workflow_get_by_idempotency_key", {"idempotency_key": key}
+        )
+
+    async def workflow_get(self, workflow_id: int) -> tuple[DictRow, list[Job]] | None:
+        return await self._workflow_with_nodes("workflow_get", {"id": workflow_id})
+
+    async def _workflow_with_nodes(
+        self, name: LiteralString, params: dict[str, Any]
+    ) -> tuple[DictRow, list[Job]] | None:
+        """``name`` returns (or inserts and returns) one workflow row; its nodes are read
+        in the same transaction, so row and nodes are one snapshot."""
         with translate():
             async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(
-                    QUERIES["workflow_insert"], workflow_params(wf, default_max_attempts)
-                )
+                cur = await conn.execute(QUERIES[name], params)
                 row = await cur.fetchone()
                 if row is None:
                     return None
                 cur = await conn.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
-                return row, [Job.from_row(r) for r in await cur.fetchall()]
-
-    async def workflow_get_by_idempotency_key(self, key: str) -> tuple[DictRow, list[Job]] | None:
-        rows = await self._all("workflow_get_by_idempotency_key", {"idempotency_key": key})
-        return await self.workflow_get(int(rows[0]["id"])) if rows else None
-
-    async def workflow_get(self, workflow_id: int) -> tuple[DictRow, list[Job]] | None:
-        """The workflow row and its nodes (one snapshot: read in one transaction)."""
-        with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["workflow_get"], {"id": workflow_id})
-                row = await cur.fetchone()
-                if row is None:
-                    return None
-                cur = await conn.execute(QUERIES["workflow_nodes"], {"id": workflow_id})
                 return row, [Job.from_row(r) for r in await cur.fetchall()]
 
     async def workflow_cancel(self, workflow_id: int) -> list[DictRow]:
