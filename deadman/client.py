@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -27,6 +27,29 @@ def _to_ms(value: timedelta | float | int | None) -> int | None:
     if isinstance(value, timedelta):
         return round(value.total_seconds() * 1000)
     return round(float(value) * 1000)
+
+
+class _Keyed(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def request_hash(self) -> str | None: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
+def _replay(key: str, existing: K | None, wanted_hash: str, what: str) -> K:
+    """The row a taken key already made, if it was made from the same request."""
+    if existing is None:  # pragma: no cover - the row was pruned in between
+        raise DuplicateKey(f"idempotency key {key!r} is in use")
+    if existing.request_hash != wanted_hash:
+        raise DuplicateKey(
+            f"idempotency key {key!r} was used for a different {what} request "
+            f"({what} {existing.id})"
+        )
+    return existing
 
 
 class Client:
@@ -167,14 +190,7 @@ class Client:
             return job
         assert new.idempotency_key is not None  # only a key conflict inserts nothing
         existing = self._store.job_get_by_idempotency_key(conn, new.idempotency_key)
-        if existing is None:  # pragma: no cover - the row was pruned in between
-            raise DuplicateKey(f"idempotency key {new.idempotency_key!r} is in use")
-        if existing.request_hash != new.request_hash():
-            raise DuplicateKey(
-                f"idempotency key {new.idempotency_key!r} was used for a different request "
-                f"(job {existing.id})"
-            )
-        return existing
+        return _replay(new.idempotency_key, existing, new.request_hash(), "job")
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: SyncConn | None = None) -> list[int]:
         """Enqueue many jobs with COPY in one transaction; returns the new ids in order.
@@ -229,14 +245,7 @@ class Client:
             return created
         assert wf.idempotency_key is not None  # only a key conflict inserts nothing
         existing = self._store.workflow_get_by_idempotency_key(conn, wf.idempotency_key)
-        if existing is None:  # pragma: no cover - deleted in between
-            raise DuplicateKey(f"idempotency key {wf.idempotency_key!r} is in use")
-        if existing.request_hash != wf.request_hash():
-            raise DuplicateKey(
-                f"idempotency key {wf.idempotency_key!r} was used for a different workflow "
-                f"({existing.id})"
-            )
-        return existing
+        return _replay(wf.idempotency_key, existing, wf.request_hash(), "workflow")
 
     def get_workflow(self, workflow_id: int) -> Workflow | None:
         with self._get_pool().connection() as conn:
