@@ -33,6 +33,7 @@ from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
+from deadman.chaos.submit import SubmitterBase
 from deadman.chaos.workers import vm_hwm_kib
 
 BATCH = 1000  # the API's MAX_BATCH
@@ -113,7 +114,7 @@ class _Timeout(Exception):
     """The client stopped waiting for the answer on purpose."""
 
 
-class HttpSubmitter(threading.Thread):
+class HttpSubmitter(SubmitterBase):
     """Submits every job through the API; same interface as the client Submitter."""
 
     def __init__(
@@ -128,21 +129,10 @@ class HttpSubmitter(threading.Thread):
         stop: threading.Event,
         deadline: float,
     ) -> None:
-        super().__init__(name="chaos-http-submitter", daemon=True)
+        super().__init__("chaos-http-submitter", jobs, seed, handler_ms, stop, deadline)
         self.api = api
-        self.jobs = jobs
-        self.seed = seed
-        self.handler_ms = handler_ms
         self.job_fields = job_fields
         self.faults = faults
-        self.stop = stop
-        self.deadline = deadline
-        self.prefix = f"chaos-{seed}-"
-        self.acked = 0
-        self.resends = 0
-        self.error: str | None = None
-        self.finished = threading.Event()
-        self.duration_s = 0.0
         self.statuses: dict[int, int] = {}
         self.client_timeouts = 0
         self.duplicates_sent = 0

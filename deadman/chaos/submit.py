@@ -23,7 +23,33 @@ JOB_MAX_ATTEMPTS = 25
 JOB_BACKOFF = Backoff(strategy="exponential", base_ms=100, max_ms=2000)
 
 
-class Submitter(threading.Thread):
+class SubmitterBase(threading.Thread):
+    """What the harness reads from either submitter: progress, resends, the outcome."""
+
+    def __init__(
+        self,
+        name: str,
+        jobs: int,
+        seed: int,
+        handler_ms: int,
+        stop: threading.Event,
+        deadline: float,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.jobs = jobs
+        self.seed = seed
+        self.handler_ms = handler_ms
+        self.stop = stop
+        self.deadline = deadline
+        self.prefix = f"chaos-{seed}-"  # idempotency keys: <prefix><n>
+        self.acked = 0
+        self.resends = 0
+        self.error: str | None = None
+        self.finished = threading.Event()
+        self.duration_s = 0.0
+
+
+class Submitter(SubmitterBase):
     """Enqueues every job through the Python client, in COPY batches, as fast as the
     database takes them (which is much faster than the fleet runs them). A batch is
     acknowledged when its COMMIT returned; a batch that fails (Postgres restarting) is
@@ -38,19 +64,8 @@ class Submitter(threading.Thread):
         stop: threading.Event,
         deadline: float,
     ) -> None:
-        super().__init__(name="chaos-submitter", daemon=True)
+        super().__init__("chaos-submitter", jobs, seed, handler_ms, stop, deadline)
         self.dsn = dsn
-        self.jobs = jobs
-        self.seed = seed
-        self.handler_ms = handler_ms
-        self.stop = stop
-        self.deadline = deadline
-        self.prefix = f"chaos-{seed}-"
-        self.acked = 0
-        self.resends = 0
-        self.error: str | None = None
-        self.finished = threading.Event()
-        self.duration_s = 0.0
 
     def run(self) -> None:
         started = time.monotonic()
