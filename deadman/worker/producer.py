@@ -53,8 +53,9 @@ class Producer:
         self._inflight = inflight
         self._quarantine_at = quarantine_at(settings.max_rescues)
         self._isolating: int | None = None  # id of the quarantined job we run alone
-        self._draining = False
-        self._suspects = False  # the last quarantine check saw a suspect waiting
+        # The last quarantine check saw a suspect waiting: while we hold jobs we drain
+        # (claim nothing), and once we hold none we claim the suspect alone.
+        self._suspects = False
         self._next_quarantine_check = 0.0
         self._store = store
         self._settings = settings
@@ -84,7 +85,7 @@ class Producer:
         while not self._stop.is_set():
             if self._isolating is not None and self._inflight.get(self._isolating) is None:
                 self._isolating = None
-            if self._isolating is not None or (self._draining and len(self._inflight)):
+            if self._isolating is not None or (self._suspects and len(self._inflight)):
                 # running a suspect alone, or draining so that one can run alone
                 await self._inflight.wait_removed(self._settings.poll_s)
                 continue
@@ -94,15 +95,11 @@ class Producer:
             self._wake.clear()
             try:
                 await self._check_quarantine()
-                if not len(self._inflight):
-                    self._draining = False
-                    if self._suspects and await self._claim_quarantined(ttl_ms):
+                if self._suspects:
+                    if len(self._inflight):
+                        continue  # drain first (the check at the top of the loop waits)
+                    if await self._claim_quarantined(ttl_ms):
                         continue
-                elif self._suspects:
-                    if not self._draining:
-                        log.info("draining_for_quarantined_job", held=len(self._inflight))
-                    self._draining = True
-                    continue
                 got = await self._claim_round(ttl_ms)
             except DatabaseUnavailable as exc:
                 log.warning("claim_failed", error=str(exc))
@@ -142,6 +139,8 @@ class Producer:
             return
         self._next_quarantine_check = now + QUARANTINE_CHECK_S
         self._suspects = await self._store.job_quarantine_pending(self._queues, self._quarantine_at)
+        if self._suspects and len(self._inflight):
+            log.info("draining_for_quarantined_job", held=len(self._inflight))
 
     def _claim_params(self, queue: str, limit: int, ttl_ms: int) -> ClaimParams:
         return ClaimParams(
