@@ -8,14 +8,14 @@ each job 'succeeded' with exactly one attempt row (or, after a rescue, exactly o
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import psycopg
 
 from bench.common import (
     PY,
+    Send,
     clean_dir,
     cpu_snapshot,
     cpu_used,
@@ -255,16 +256,18 @@ def latency(dsn: str, rate: float, seconds: float, markdir: Path, logdir: Path) 
     try:
         _wait_workers(dsn, 1)
         time.sleep(0.5)
-        with Client(dsn) as client, ThreadPoolExecutor(8) as pool:
-            client.get(0)
 
-            async def send(i: int, intended: float) -> None:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(
-                    pool, lambda: client.enqueue("bench_mark", {"i": i, "t": intended})
-                )
+        @contextlib.asynccontextmanager
+        async def sender() -> AsyncIterator[Send]:
+            with Client(dsn) as client:  # one per sender thread, like the peers
+                client.get(0)  # connect before the clock starts
 
-            sent = asyncio.run(open_loop(send, rate, seconds))
+                async def send(i: int, intended: float) -> None:
+                    client.enqueue("bench_mark", {"i": i, "t": intended})
+
+                yield send
+
+        sent = open_loop(sender, rate, seconds)
         wait_for(lambda: len(read_marks(markdir)) >= n, 60, "deadman latency jobs", 0.1)
         time.sleep(0.5)  # a doubled execution would show up now
         done_q = "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded'"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from pgqueuer.queries import Queries
 
 from bench.common import (
     PY,
+    Send,
     clean_dir,
     cpu_snapshot,
     cpu_used,
@@ -181,26 +184,20 @@ def latency(
     n = round(rate * seconds)
     try:
 
-        async def main() -> dict[str, Any]:
-            conns = [await asyncpg.connect(dsn) for _ in range(4)]
-            free: asyncio.Queue[Queries] = asyncio.Queue()
-            for c in conns:
-                free.put_nowait(Queries(AsyncpgDriver(c)))
-
-            async def send(i: int, intended: float) -> None:
-                q = await free.get()
-                try:
-                    await q.enqueue("mark", f"{i} {intended:.6f}".encode())
-                finally:
-                    free.put_nowait(q)
-
+        @contextlib.asynccontextmanager
+        async def sender() -> AsyncIterator[Send]:
+            conn = await asyncpg.connect(dsn)  # one per sender thread
             try:
-                return await open_loop(send, rate, seconds)
-            finally:
-                for c in conns:
-                    await c.close()
+                queries = Queries(AsyncpgDriver(conn))
 
-        sent = asyncio.run(main())
+                async def send(i: int, intended: float) -> None:
+                    await queries.enqueue("mark", f"{i} {intended:.6f}".encode())
+
+                yield send
+            finally:
+                await conn.close()
+
+        sent = open_loop(sender, rate, seconds)
         wait_for(lambda: len(read_marks(markdir)) >= n, 60, "pgqueuer latency jobs", 0.1)
         time.sleep(0.5)
         done_q = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import psycopg
 
 from bench.common import (
     PY,
+    Send,
     clean_dir,
     cpu_snapshot,
     cpu_used,
@@ -187,8 +190,9 @@ def latency(
     n = round(rate * seconds)
     try:
 
-        async def main() -> dict[str, Any]:
-            app = make_app(dsn)
+        @contextlib.asynccontextmanager
+        async def sender() -> AsyncIterator[Send]:
+            app = make_app(dsn)  # one per sender thread, with its own pool
             async with app.open_async():
                 task = app.tasks["mark"]
                 await app.connector.execute_query_async("SELECT 1")
@@ -196,9 +200,9 @@ def latency(
                 async def send(i: int, intended: float) -> None:
                     await task.defer_async(i=i, t=intended)
 
-                return await open_loop(send, rate, seconds)
+                yield send
 
-        sent = asyncio.run(main())
+        sent = open_loop(sender, rate, seconds)
         wait_for(lambda: len(read_marks(markdir)) >= n, 60, "procrastinate latency jobs", 0.1)
         time.sleep(0.5)
         done_q = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
