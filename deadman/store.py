@@ -680,11 +680,9 @@ class AsyncStore:
         """End attempts; returns the ids that were still ours. Missing ids: lease lost."""
         if not finishes:
             return set()
-        # Unprepared: once psycopg prepares a statement, Postgres soon switches to its
-        # generic plan, and for this one (and the heartbeat) that plan is twice as slow
-        # as the custom one (measured: 20 ms vs 9.4 ms per 200 rows); planning costs
-        # about 0.5 ms. DECISIONS.md 23.
-        rows = await self._all("job_finish_many", finish_params(finishes), prepare=False)
+        # Prepared: its generic plan goes through the primary key and is the fastest
+        # at every batch size (DECISIONS.md 25).
+        rows = await self._all("job_finish_many", finish_params(finishes))
         return {int(r["id"]) for r in rows}
 
     async def job_finish_in(self, conn: AsyncConn, finishes: Sequence[Finish]) -> set[int]:
@@ -697,9 +695,7 @@ class AsyncStore:
         self, p: HeartbeatParams, retry_s: float | None = None
     ) -> dict[int, bool]:
         """Renew leases; returns {job id: cancel requested} for the leases still ours."""
-        rows = await self._all(
-            "job_heartbeat_many", heartbeat_params(p), retry_s, prepare=False
-        )  # unprepared: see job_finish_many
+        rows = await self._all("job_heartbeat_many", heartbeat_params(p), retry_s)
         return {int(r["id"]): bool(r["cancel_requested"]) for r in rows}
 
     async def worker_deregister(self, worker: str) -> None:

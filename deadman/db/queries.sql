@@ -207,40 +207,43 @@ WHERE queue = %(queue)s
 
 -- name: job_finish_many
 -- End many attempts in one statement: success, retry, dead, cancelled or released.
--- Fenced: only rows still running under the caller's token change. Each ended
--- attempt gets its history row in the same statement. Returns the ids that changed;
--- an id missing from the result is a lost lease.
-WITH input AS (
-    SELECT *
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[],
+-- Fenced: only rows still running under the caller's token change (a lease token
+-- is set exactly while a job runs: jobs_lease_iff_running). Each ended attempt gets
+-- its history row in the same statement. Returns the ids that changed; an id
+-- missing from the result is a lost lease.
+-- Plan: every step finds its rows through the primary key, so the cost follows the
+-- batch and nothing else. No `state = 'running'` test on purpose: it would let the
+-- planner pick jobs_running_idx (statistics often say "no job is running") and
+-- scan every running job once per row of the batch.
+WITH locked AS (
+    -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
+    -- so the two multi-row statements can never deadlock each other.
+    SELECT j.id, i.token, i.state, i.outcome, i.delay_ms, i.error, i.result
+    FROM deadman.jobs j
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[],
                 %(outcomes)s::text[], %(delays_ms)s::bigint[], %(errors)s::text[],
                 %(results)s::jsonb[])
-         AS t(id, token, state, outcome, delay_ms, error, result)
-), locked AS (
-    -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
-    -- so the two multi-row statements can never deadlock each other. `id = ANY`
-    -- makes the planner find the rows through the primary key: the cost follows the
-    -- batch, not the number of running jobs.
-    SELECT j.id FROM deadman.jobs j JOIN input i ON i.id = j.id AND i.token = j.lease_token
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+         AS i(id, token, state, outcome, delay_ms, error, result)
+      ON i.id = j.id AND i.token = j.lease_token
+    WHERE j.id = ANY(%(ids)s::bigint[])
     ORDER BY j.id
     FOR UPDATE OF j
 ), done AS (
     UPDATE deadman.jobs j
-    SET state = i.state,
+    SET state = l.state,
         lease_token = NULL,
         lease_expires_at = NULL,
-        finished_at = CASE WHEN i.state IN ('succeeded', 'dead', 'cancelled') THEN now() END,
-        run_at = CASE WHEN i.state IN ('retrying', 'queued')
-                      THEN now() + i.delay_ms * interval '1 millisecond'
+        finished_at = CASE WHEN l.state IN ('succeeded', 'dead', 'cancelled') THEN now() END,
+        run_at = CASE WHEN l.state IN ('retrying', 'queued')
+                      THEN now() + l.delay_ms * interval '1 millisecond'
                       ELSE j.run_at END,
         -- a released attempt (graceful shutdown) does not use up an attempt
-        attempt = CASE WHEN i.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
-        last_error = COALESCE(i.error, j.last_error),
-        result = i.result
-    FROM input i, locked l
-    WHERE j.id = i.id AND l.id = i.id AND j.lease_token = i.token AND j.state = 'running'
-    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, i.token, i.outcome, i.error
+        attempt = CASE WHEN l.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        last_error = COALESCE(l.error, j.last_error),
+        result = l.result
+    FROM locked l
+    WHERE j.id = l.id AND j.lease_token = l.token
+    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error
 ), history AS (
     INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)
@@ -259,12 +262,13 @@ WITH alive AS (
     VALUES (%(worker)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s)
     ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()
 ), locked AS (
-    -- Lock in id order (see job_finish_many): no deadlock with the completer.
+    -- Lock in id order (see job_finish_many): no deadlock with the completer. Found
+    -- through the primary key; a matching token means running (see job_finish_many).
     SELECT j.id
     FROM deadman.jobs j
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
       ON j.id = h.id AND j.lease_token = h.token
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'  -- via the primary key
+    WHERE j.id = ANY(%(ids)s::bigint[])
     ORDER BY j.id
     FOR UPDATE OF j
 )
