@@ -39,6 +39,7 @@ from bench.common import (
 )
 from deadman import Client
 from deadman.db.migrate import migrate
+from deadman.db.queries import QUERIES
 
 APP = "bench.deadman_app:registry"
 DEFAULTS = {"DEADMAN_LEASE_TTL_S": "10", "DEADMAN_HEARTBEAT_S": "2", "DEADMAN_RESCUE_S": "1"}
@@ -181,22 +182,30 @@ def burn_down(
     return result
 
 
-_QUERY_NAMES = {
-    "WITH candidates": "job_claim",
-    "WITH input AS": "job_finish_many",
-    "WITH alive AS": "job_heartbeat_many",
-    "WITH expired AS": "job_rescue_expired",
-    "INSERT INTO deadman.jobs": "job_insert_staged",
+_OTHER_NAMES = {
     "COPY pg_temp.deadman_stage": "job_stage_copy",
     "SELECT count(*) FROM deadman.jobs": "(the benchmark's completion poll)",
 }
 
 
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _known_prefixes() -> list[tuple[str, str]]:
+    """(first 60 characters of the statement before its first parameter, name) for
+    every named query and the benchmark's own, longest first."""
+    pairs = [(_flat(sql).split("%(")[0][:60], name) for name, sql in QUERIES.items()]
+    pairs += list(_OTHER_NAMES.items())
+    return sorted(pairs, key=lambda p: -len(p[0]))
+
+
 def _query_name(text: str) -> str:
-    for prefix, name in _QUERY_NAMES.items():
-        if text.startswith(prefix):
+    flat = _flat(text)
+    for prefix, name in _known_prefixes():
+        if prefix and flat.startswith(prefix):
             return name
-    return " ".join(text.split())[:50]
+    return flat[:50]
 
 
 class WaitSampler(threading.Thread):
