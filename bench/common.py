@@ -435,6 +435,14 @@ def cpu_used(
     return {k: round(v / wall_s, 2) for k, v in used.items() if wall_s > 0}
 
 
+def cpu_per_job_us(cpu: dict[str, float], window_s: float, n: int) -> dict[str, float]:
+    """CPU time per job in microseconds, per kind (workers, postgres): cores used on
+    average times the window they were measured over, divided by the jobs done in
+    it. Unlike cores, this does not depend on how much idle time the window held."""
+    kinds = ("workers", "postgres")
+    return {k: round(cpu.get(k, 0.0) * window_s / n * 1e6, 1) for k in kinds if n}
+
+
 def code_fingerprint() -> str:
     """A hash of the package and migrations as they are on disk now (the package is
     installed editable, so edits made during a run change what is measured)."""

@@ -25,6 +25,7 @@ from bench.common import (
     PY,
     Send,
     clean_dir,
+    cpu_per_job_us,
     cpu_snapshot,
     cpu_used,
     latency_summary,
@@ -154,7 +155,8 @@ def burn_down(
             t0 = time.time()
         done_q = "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded'"
         wait_for(lambda: _count(dsn, done_q) >= n, 60 + n / 200, "deadman burn-down", 0.25)
-        cpu = cpu_used(cpu0, time.time() - w0, [proc.pid])
+        window = time.time() - w0
+        cpu = cpu_used(cpu0, window, [proc.pid])
         with psycopg.connect(dsn) as conn:
             row = conn.execute(
                 "SELECT extract(epoch FROM max(finished_at))::float8 FROM deadman.jobs"
@@ -175,6 +177,7 @@ def burn_down(
         "jobs_per_s": round(n / (t1 - t0), 1),
         "verify": verify(dsn, n),
         "cpu_cores": cpu,
+        "cpu_us_per_job": cpu_per_job_us(cpu, window, n),
     }
     if profile is not None:
         result["top_statements"] = top_statements(dsn)

@@ -286,10 +286,10 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
     best_peer = max((r["jobs_per_s"] for r in peers if r), default=None)
     w("Deadman: `deadman worker --processes P --concurrency C` (defaults otherwise).\n")
     w(
-        "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | verified | "
-        "vs best peer |"
+        "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
+        "CPU µs per job: workers / Postgres | verified | vs best peer |"
     )
-    w("|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|")
     for r in burn.get("deadman", []):
         _burn_row(w, f"{r.get('processes')} | {r.get('concurrency')}", r, best_peer)
     w(
@@ -300,9 +300,9 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
     )
     w(
         "| system | setting | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
-        "verified | vs best peer |"
+        "CPU µs per job: workers / Postgres | verified | vs best peer |"
     )
-    w("|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|")
     for name in PEERS:
         for r in burn.get(name, []):
             _burn_row(w, f"{name} | {r.get('setting')}", r, best_peer)
@@ -316,9 +316,9 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
         )
         w(
             "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
-            "verified | vs best peer |"
+            "CPU µs per job: workers / Postgres | verified | vs best peer |"
         )
-        w("|---|---|---|---|---|---|---|")
+        w("|---|---|---|---|---|---|---|---|")
         _burn_row(w, f"{wi.get('processes')} | {wi.get('concurrency')}", wi, best_peer)
     if "throughput" in plots:
         w(f"\n![throughput]({_rel(plots['throughput'], md_path)})\n")
@@ -327,14 +327,16 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
 
 def _burn_row(w: Any, head: str, r: dict[str, Any], best_peer: float | None) -> None:
     if "jobs_per_s" not in r:
-        w(f"| {head} | FAILED | | | {r.get('error')} | |")
+        w(f"| {head} | FAILED | | | | {r.get('error')} | |")
         return
     cpu = r.get("cpu_cores", {})
+    per_job = r.get("cpu_us_per_job")
+    us = f"{per_job['workers']:.0f} / {per_job['postgres']:.0f}" if per_job else "n/a"
     reps = ", ".join(_f(x) for x in r.get("reps", []))
     ok = "yes" if r.get("ok") else "**NO — not a valid number**"
     w(
         f"| {head} | {_f(r['jobs_per_s'])} | {reps} | {cpu.get('workers', 0):.2f} / "
-        f"{cpu.get('postgres', 0):.2f} / {cpu.get('other', 0):.2f} | {ok} | "
+        f"{cpu.get('postgres', 0):.2f} / {cpu.get('other', 0):.2f} | {us} | {ok} | "
         f"{_ratio(r['jobs_per_s'], best_peer)} |"
     )
 
@@ -498,6 +500,34 @@ def _before_after(w: Any, md_path: Path) -> None:
     )
 
 
+def _cpu_bound(data: dict[str, Any], best: dict[str, Any], cores: int) -> list[str]:
+    """What the CPU cost per job allows on this machine, Deadman's and the best peer's:
+    the throughput ceiling if nothing ever waited, and the cost the 2x target needs."""
+    per_job = best.get("cpu_us_per_job")
+    if not per_job:
+        return []
+    total = per_job["workers"] + per_job["postgres"]
+    out = [
+        f"- CPU per job at that setting: {total:.0f} µs (workers {per_job['workers']:.0f}, "
+        f"Postgres {per_job['postgres']:.0f}). With {cores} cores and nothing ever waiting, "
+        f"that allows at most {cores * 1e6 / total:,.0f} jobs/s."
+    ]
+    burn = data.get("burn", {})
+    peers = [(name, r) for name in PEERS if (r := _best(burn.get(name, [])))]
+    name, peer = max(peers, key=lambda x: x[1]["jobs_per_s"], default=("", None))
+    if peer and peer.get("cpu_us_per_job"):
+        pj = peer["cpu_us_per_job"]
+        need = cores * 1e6 / (2 * peer["jobs_per_s"])
+        out.append(
+            f"- The best peer ({name}, {_f(peer['jobs_per_s'])} jobs/s) "
+            f"costs {pj['workers'] + pj['postgres']:.0f} µs per job (workers "
+            f"{pj['workers']:.0f}, Postgres {pj['postgres']:.0f}). Twice its throughput on "
+            f"{cores} cores needs at most {need:.0f} µs per job, workers and Postgres "
+            "together, and only if the cores never idle."
+        )
+    return out
+
+
 def _scaling(data: dict[str, Any], w: Any) -> None:
     burn = data.get("burn", {})
     runs = [r for r in burn.get("deadman", []) if r.get("ok")]
@@ -514,6 +544,7 @@ def _scaling(data: dict[str, Any], w: Any) -> None:
         f"C={best['concurrency']}, using {busy:.2f} of {cores} cores "
         f"(workers {cpu.get('workers', 0):.2f}, Postgres {cpu.get('postgres', 0):.2f})."
     ]
+    lines += _cpu_bound(data, best, cores)
     cs = sorted({c for _, c in by})
     for p in sorted({p for p, _ in by}):
         row = [f"C={c}: {_f(by[(p, c)])}" for c in cs if (p, c) in by]

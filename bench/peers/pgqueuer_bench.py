@@ -30,6 +30,7 @@ from bench.common import (
     PY,
     Send,
     clean_dir,
+    cpu_per_job_us,
     cpu_snapshot,
     cpu_used,
     latency_summary,
@@ -152,7 +153,8 @@ def burn_down(
         t0 = time.time()
         done_q = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
         wait_for(lambda: _count(dsn, done_q) >= n, 60 + n / 100, "pgqueuer burn-down", 0.25)
-        cpu = cpu_used(cpu0, time.time() - w0, [p.pid for p in procs])
+        window = time.time() - w0
+        cpu = cpu_used(cpu0, window, [p.pid for p in procs])
         with psycopg.connect(dsn) as conn:
             row = conn.execute(
                 "SELECT extract(epoch FROM max(created))::float8 FROM pgqueuer_log"
@@ -171,6 +173,7 @@ def burn_down(
         "jobs_per_s": round(n / (t1 - t0), 1),
         "verify": verify(dsn, n),
         "cpu_cores": cpu,
+        "cpu_us_per_job": cpu_per_job_us(cpu, window, n),
     }
 
 
