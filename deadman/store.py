@@ -11,8 +11,10 @@ enqueue can join the caller's own transaction.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -592,17 +594,39 @@ class AsyncStore:
         *,
         prepare: bool | None = None,
     ) -> list[DictRow]:
+        # The first try runs outside tenacity: building and driving its retry state
+        # costs ~0.15 ms per statement (measured), on every claim's critical path,
+        # and almost every statement succeeds at once. Only a failure pays for it.
+        started = time.monotonic()
+        try:
+            return await self._once(name, params, prepare)
+        except DatabaseUnavailable:
+            budget = (self.retry_s if retry_s is None else retry_s) - (
+                time.monotonic() - started
+            )
+            if budget <= 0:
+                raise
+        wait = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(DatabaseUnavailable),
-            stop=stop_after_delay(self.retry_s if retry_s is None else retry_s),
-            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
+            stop=stop_after_delay(budget),
+            wait=wait,
             reraise=True,
         ):
-            with attempt, translate():
-                async with self.pool.connection() as conn:
-                    cur = await conn.execute(QUERIES[name], params, prepare=prepare)
-                    return await cur.fetchall() if cur.description else []
+            with attempt:
+                if attempt.retry_state.attempt_number == 1:
+                    # the failed first try came before: wait, as between any two tries
+                    await asyncio.sleep(wait(attempt.retry_state))
+                return await self._once(name, params, prepare)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(
+        self, name: LiteralString, params: dict[str, Any], prepare: bool | None
+    ) -> list[DictRow]:
+        with translate():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(QUERIES[name], params, prepare=prepare)
+                return await cur.fetchall() if cur.description else []
 
     # -- enqueue and read ----------------------------------------------------------
 
