@@ -218,12 +218,13 @@ WHERE queue = %(queue)s
 WITH locked AS (
     -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
     -- so the two multi-row statements can never deadlock each other.
+    -- The batch is one JSON array of objects (one json.dumps in the worker: a tenth
+    -- of its CPU went into adapting seven parameter arrays element by element).
     SELECT j.id, i.token, i.state, i.outcome, i.delay_ms, i.error, i.result
     FROM deadman.jobs j
-    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(states)s::text[],
-                %(outcomes)s::text[], %(delays_ms)s::bigint[], %(errors)s::text[],
-                %(results)s::jsonb[])
-         AS i(id, token, state, outcome, delay_ms, error, result)
+    JOIN json_to_recordset(%(batch)s::json)
+         AS i(id bigint, token bigint, state text, outcome text, delay_ms bigint,
+              error text, result jsonb)
       ON i.id = j.id AND i.token = j.lease_token
     WHERE j.id = ANY(%(ids)s::bigint[])
     ORDER BY j.id
