@@ -612,9 +612,7 @@ class AsyncStore:
         try:
             return await self._once(name, params, prepare)
         except DatabaseUnavailable:
-            budget = (self.retry_s if retry_s is None else retry_s) - (
-                time.monotonic() - started
-            )
+            budget = (self.retry_s if retry_s is None else retry_s) - (time.monotonic() - started)
             if budget <= 0:
                 raise
         wait = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05)
