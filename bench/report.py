@@ -477,36 +477,40 @@ def _profile(data: dict[str, Any], w: Any) -> None:
 
 
 def _before_after(w: Any, md_path: Path) -> None:
-    """The newest ``python -m bench.ab`` result per setting, if any (a separate
-    command: two revisions of Deadman, interleaved)."""
-    newest: dict[tuple[int, int], tuple[Path, dict[str, Any]]] = {}
-    for path in sorted((md_path.parent / "bench" / "results").glob("ab-*.json")):
-        ab = json.loads(path.read_text())
-        newest[ab["setting"]["processes"], ab["setting"]["concurrency"]] = (path, ab)
-    if not newest:
+    """Every committed ``python -m bench.ab`` result, oldest first (a separate command:
+    two revisions of Deadman, interleaved), so each round of fixes keeps its figure."""
+    results = [
+        (path, json.loads(path.read_text()))
+        for path in sorted((md_path.parent / "bench" / "results").glob("ab-*.json"))
+    ]
+    if not results:
         return
     w("## Before and after the profile's fixes\n")
     w(
         "From `python -m bench.ab --base <before> --processes P --concurrency C --reps 3`, "
-        "not part of `bench.run`: the same 20,000-job burn-down for two revisions, "
+        "not part of `bench.run`: the same no-op burn-down for two revisions, "
         "alternating rep by rep on one private durable cluster, every run verified "
-        "exactly once. Newest result per setting:\n"
+        "exactly once. Every recorded comparison, oldest first:\n"
     )
-    w("| setting | before | after | runs before (jobs/s) | runs after (jobs/s) | after / before |")
-    w("|---|---|---|---|---|---|")
-    for (p, c), (_path, ab) in sorted(newest.items()):
-        rev, med, runs = ab["revisions"], ab["median_jobs_per_s"], ab["runs"]
+    w(
+        "| setting | jobs | before | after | runs before (jobs/s) | runs after (jobs/s) | "
+        "after / before |"
+    )
+    w("|---|---|---|---|---|---|---|")
+    for _path, ab in results:
+        st, rev, med, runs = ab["setting"], ab["revisions"], ab["median_jobs_per_s"], ab["runs"]
         ok = "" if ab.get("ok") else " (**a run failed its check**)"
         w(
-            f"| P={p}, C={c} | `{rev['before']}` {_f(med['before'])} | `{rev['after']}` "
-            f"{_f(med['after'])} | {', '.join(_f(r['jobs_per_s']) for r in runs['before'])} | "
+            f"| P={st['processes']}, C={st['concurrency']} | {_f(st.get('jobs'))} | "
+            f"`{rev['before']}` {_f(med['before'])} | `{rev['after']}` {_f(med['after'])} | "
+            f"{', '.join(_f(r['jobs_per_s']) for r in runs['before'])} | "
             f"{', '.join(_f(r['jobs_per_s']) for r in runs['after'])} | **{ab['ratio']}x**{ok} |"
         )
-    m = next(iter(newest.values()))[1].get("machine", {})
+    m = results[-1][1].get("machine", {})
     w(
         f"\nMachine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres "
         f"{m.get('postgres', '?')}. Raw: "
-        + ", ".join(f"`{_rel(path, md_path)}`" for path, _ in newest.values())
+        + ", ".join(f"`{_rel(path, md_path)}`" for path, _ in results)
         + ". `+changes`: the checkout had uncommitted edits outside the package (the "
         "report itself).\n"
     )
