@@ -276,6 +276,12 @@ class Rescued:
         )
 
 
+#: How long a handler's transaction may sit idle after its fenced completion before
+#: the server ends it (see tx_idle_limit): the COMMIT follows at once, so only a
+#: paused or partitioned worker ever comes near it.
+FINISH_IDLE_MS = 5000
+
+
 def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
     """The batch as one JSON document (see job_finish_many) and its ids, which let
     the planner go straight to the primary key."""
@@ -718,9 +724,14 @@ class AsyncStore:
         rows = await self._all("job_finish_many", finish_params(finishes))
         return {int(r["id"]) for r in rows}
 
-    async def job_finish_in(self, conn: AsyncConn, finishes: Sequence[Finish]) -> set[int]:
-        """Like job_finish_many, on the caller's connection and inside its transaction."""
+    async def job_finish_in(
+        self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
+    ) -> set[int]:
+        """Like job_finish_many, on the caller's connection and inside its transaction,
+        which the server ends if it then sits idle for ``idle_ms`` (tx_idle_limit)."""
         with translate():
+            # Two round trips: in pipeline mode the server did not arm the idle timer.
+            await conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": idle_ms})
             cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
             return {int(r["id"]) for r in await cur.fetchall()}
 
@@ -1093,9 +1104,13 @@ class SyncStore:
             cur.execute(QUERIES["job_insert_staged"])
             return [int(r[0]) for r in cur.fetchall()]
 
-    def job_finish_in(self, conn: SyncConn, finishes: Sequence[Finish]) -> set[int]:
+    def job_finish_in(
+        self, conn: SyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
+    ) -> set[int]:
+        """See AsyncStore.job_finish_in."""
         # tuple rows whatever the connection's row factory
         with translate(), conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(QUERIES["tx_idle_limit"], {"idle_ms": idle_ms})
             cur.execute(QUERIES["job_finish_many"], finish_params(finishes))
             return {int(r[0]) for r in cur.fetchall()}
 

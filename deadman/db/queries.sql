@@ -254,6 +254,14 @@ WITH locked AS (
 )
 SELECT id FROM done;
 
+-- name: tx_idle_limit
+-- Sent just before the fenced completion of ctx.transaction(): from
+-- that statement on the transaction holds the job's row lock, and a worker paused or
+-- cut off before its COMMIT would keep the job out of the rescuer's reach (SKIP
+-- LOCKED passes over it) until TCP keepalive noticed, hours later by default. The
+-- server ends such a session after %(idle_ms)s ms idle; local to the transaction.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
+
 -- name: job_heartbeat_many
 -- The one statement a worker sends per heartbeat interval: it renews every lease the
 -- worker holds (fenced) and its own liveness row. lease_expires_at is not indexed,

@@ -19,7 +19,7 @@ from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.model import AttemptOutcome, JobState
 from deadman.rescuer import Rescuer, TickReport
-from deadman.store import Finish, RescueParams, finish_params
+from deadman.store import Finish, RescueParams, SyncStore, finish_params
 from tests.factories import (
     async_store,
     attempt_rows,
@@ -216,6 +216,34 @@ def test_a_leader_paused_inside_its_tick_loses_leadership(db_dsn: str) -> None:
             paused.execute("SELECT 1")
     with connect(db_dsn) as conn:
         assert job_row(conn, job_id)["state"] == "queued"
+
+
+def test_a_handler_transaction_paused_after_its_completion_lets_the_job_go(
+    db_dsn: str,
+) -> None:
+    """ctx.transaction() holds the job's row lock from its fenced completion to its
+    COMMIT. A worker frozen or cut off in between would keep the job out of the
+    rescuer's reach (SKIP LOCKED passes over it) until TCP keepalive gave up; the
+    completion sets an idle limit, so the server ends that session and rolls it back
+    (effect included), and the lapsed lease is rescued as usual."""
+    job_id, token = _expired_running(db_dsn)
+    finish = Finish(job_id, token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+    with psycopg.connect(db_dsn) as paused:  # a transaction left open, as if frozen
+        paused.execute(
+            "INSERT INTO deadman.effects (job_id, lease_token) VALUES (%s, %s)", (job_id, token)
+        )
+        assert SyncStore().job_finish_in(paused, [finish], idle_ms=300) == {job_id}
+        assert tick(db_dsn).requeued == []  # locked: the rescuer passes over it
+        wait_for(lambda: tick(db_dsn).requeued == [job_id], timeout=10, message="the rescue")
+        with pytest.raises(DatabaseUnavailable), translate():
+            paused.execute("SELECT 1")  # it wakes: its session is gone
+    with connect(db_dsn) as conn:
+        row = job_row(conn, job_id)
+        effects = conn.execute(
+            "SELECT count(*) AS n FROM deadman.effects WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    assert (row["state"], row["rescues"]) == ("queued", 1)
+    assert effects is not None and effects["n"] == 0  # rolled back with the completion
 
 
 def test_the_migration_lock_does_not_block_the_rescuer(db_dsn: str) -> None:
