@@ -551,14 +551,22 @@ def _scaling(data: dict[str, Any], w: Any) -> None:
         return
     w("## Where Deadman stops scaling\n")
     best = max(runs, key=lambda r: r["jobs_per_s"])
-    cpu = best.get("cpu_cores", {})
+    cpu = dict(best.get("cpu_cores", {}))
+    per_job = best.get("cpu_us_per_job")
+    if per_job:
+        # Cores while the jobs burned down: CPU per job times jobs per second. The
+        # window the cores column is measured over also holds the enqueue and the
+        # completion poll, when the workers idle, so it reads low.
+        for kind in ("workers", "postgres"):
+            cpu[kind] = per_job[kind] * best["jobs_per_s"] / 1e6
     busy = cpu.get("workers", 0) + cpu.get("postgres", 0)
     cores = data["machine"]["cores"]
     by = {(r["processes"], r["concurrency"]): r["jobs_per_s"] for r in runs}
     lines = [
         f"- Best: {_f(best['jobs_per_s'])} jobs/s at P={best['processes']}, "
-        f"C={best['concurrency']}, using {busy:.2f} of {cores} cores "
-        f"(workers {cpu.get('workers', 0):.2f}, Postgres {cpu.get('postgres', 0):.2f})."
+        f"C={best['concurrency']}, using {busy:.2f} of {cores} cores while the jobs burned "
+        f"down (workers {cpu.get('workers', 0):.2f}, Postgres {cpu.get('postgres', 0):.2f}; "
+        "CPU per job times jobs per second)."
     ]
     lines += _cpu_bound(data, best, cores)
     cs = sorted({c for _, c in by})
