@@ -301,6 +301,26 @@ def open_loop(
     }
 
 
+def settle(dsn: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Let the cluster go quiet before a latency run: a CHECKPOINT (so none starts in
+    the middle of it) and no autovacuum worker busy (the burn-downs before leave
+    plenty to vacuum). Whichever system ran right after a heavy phase would
+    otherwise pay for it. Gives up waiting after ``timeout_s`` and says so."""
+    start = time.time()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        busy = 0
+        while time.time() - start < timeout_s:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()
+            busy = int(row[0]) if row else 0
+            if busy == 0:
+                break
+            time.sleep(0.5)  # polling the server's own activity view, bounded above
+    return {"settle_s": round(time.time() - start, 2), "autovacuum_busy_at_start": busy}
+
+
 def commit_probe(dsn: str, n: int = 300) -> dict[str, Any]:
     """Single-row INSERT + COMMIT round trips on one connection: what a durable
     commit costs on this machine's disk (it bounds every system measured here)."""

@@ -72,7 +72,11 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
         "and connection (or client), taking every 4th send; each sleeps with a 1 ns timer "
         "slack and spins the last 0.2 ms, so it fires on time: asyncio's timers woke "
         "0.7 ms late at p50 on this machine, lateness that belonged to the harness and "
-        "was counted against every system. The sender's own lateness is reported.\n"
+        "was counted against every system. The sender's own lateness is reported. "
+        f"{plan['reps']} runs per system, interleaved (Deadman, pgqueuer, procrastinate, "
+        "Deadman, ...), each started after a CHECKPOINT with no autovacuum worker busy "
+        "(otherwise whichever system ran first after the burn-downs paid for their "
+        "vacuum and checkpoint); p50, p99 and p99.9 are medians over the runs.\n"
         "- **Rescue**: one worker holds N sleeping jobs and is SIGKILLed; a second, idle "
         "worker is already running. Each job's latency is from the kill to the moment its "
         "handler starts again on the second worker. Default settings.\n"
@@ -352,19 +356,20 @@ def _latency(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path
     plan = data["plan"]
     w(f"## Latency: enqueue → handler start at {plan['rate']:.0f} jobs/s offered\n")
     w(
-        "| system | setting | p50 ms | p99 ms | p99.9 ms | max ms | enqueue ack p50 / p99 ms | "
-        "ack → start p50 / p99 / p99.9 ms | jobs | exactly once |"
+        "| system | setting | p50 ms | p99 ms | p99.9 ms | max ms | runs: p50 / p99 ms | "
+        "enqueue ack p50 / p99 ms | ack → start p50 / p99 / p99.9 ms | jobs | exactly once |"
     )
-    w("|---|---|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ("deadman", *PEERS):
         r = lat.get(name, {})
         if "p50_ms" not in r:
-            w(f"| {name} | {r.get('setting')} | FAILED: {r.get('error')} | | | | | | | |")
+            w(f"| {name} | {r.get('setting')} | FAILED: {r.get('error')} | | | | | | | | |")
             continue
         once = "yes" if r.get("ok") else f"**NO** (missing {r['missing']}, doubled {r['doubled']})"
+        reps = ", ".join(f"{_f(x['p50_ms'], 2)} / {_f(x['p99_ms'], 2)}" for x in r.get("reps", []))
         w(
             f"| {name} | {r.get('setting')} | {_f(r['p50_ms'], 2)} | {_f(r['p99_ms'], 2)} | "
-            f"{_f(r['p999_ms'], 2)} | {_f(r['max_ms'], 2)} | "
+            f"{_f(r['p999_ms'], 2)} | {_f(r['max_ms'], 2)} | {reps or 'n/a'} | "
             f"{_f(r.get('enqueue_ack_p50_ms'), 2)} / {_f(r.get('enqueue_ack_p99_ms'), 2)} | "
             f"{_f(r.get('ack_to_start_p50_ms'), 2)} / {_f(r.get('ack_to_start_p99_ms'), 2)} / "
             f"{_f(r.get('ack_to_start_p999_ms'), 2)} | {r['n']} | {once} |"
