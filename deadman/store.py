@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, LiteralString
+from typing import Any, LiteralString, Self
 
 import psycopg
 from psycopg.rows import DictRow, dict_row, tuple_row
@@ -580,7 +580,7 @@ class AsyncStore:
         max_size: int = 10,
         retry_s: float = 30.0,
         timeout: float = 10.0,
-    ) -> AsyncStore:
+    ) -> Self:
         """``timeout``: longest wait for a pooled connection; a worker keeps it well
         under its lease trust window so a stalled pool surfaces before leases lapse."""
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(

@@ -179,7 +179,12 @@ def test_a_retry_racing_a_sibling_completion_never_strands_the_reopened_job(
         one, two = (do_retry, do_finish) if first == "retry" else (do_finish, do_retry)
         tx_one, tx_two = (tx_retry, tx_finish) if first == "retry" else (tx_finish, tx_retry)
         one()
-        t = threading.Thread(target=lambda: (two(), tx_two.commit()))
+
+        def second() -> None:
+            two()
+            tx_two.commit()
+
+        t = threading.Thread(target=second)
         t.start()
         wait_for(lambda: _blocked(conn), timeout=5, message="the second to wait on a lock")
         tx_one.commit()

@@ -434,12 +434,12 @@ def test_two_finishers_of_the_last_two_nodes_finalise_exactly_once(
     second = "y" if first == "x" else "x"
     with connect(db_dsn, autocommit=False) as t1, connect(db_dsn, autocommit=False) as t2:
         finish(t1, n[first]["id"], tokens[first], JobState.SUCCEEDED)
-        th = threading.Thread(
-            target=lambda: (
-                finish(t2, n[second]["id"], tokens[second], JobState.SUCCEEDED),
-                t2.commit(),
-            )
-        )
+
+        def finish_second() -> None:
+            finish(t2, n[second]["id"], tokens[second], JobState.SUCCEEDED)
+            t2.commit()
+
+        th = threading.Thread(target=finish_second)
         th.start()
         wait_for(lambda: _blocked(conn), timeout=5, message="the second finisher to wait")
         assert workflow(conn, wf)["state"] == "running"
