@@ -653,6 +653,20 @@ IDEMPOTENCY_KEY_HEADER: dict[str, Any] = {
 }
 
 
+#: What a request that creates jobs can be answered besides success: POST /jobs,
+#: POST /workflows and POST /jobs/batch alike.
+_CREATE_ERRORS = (
+    "MalformedJson",
+    "Unauthorized",
+    "Conflict",
+    "ContentTooLarge",
+    "UnsupportedMediaType",
+    "Unprocessable",
+    "QueueFull",
+    "Unavailable",
+)
+
+
 def _keyed_create(body: str, made: str, where: str, what: str) -> dict[str, Any]:
     """Parameters, body and responses of a POST that creates under an Idempotency-Key
     (POST /jobs, POST /workflows): 201 created, 200 a replay, the usual problems."""
@@ -672,16 +686,7 @@ def _keyed_create(body: str, made: str, where: str, what: str) -> dict[str, Any]
                 Location=location,
                 **{"Idempotent-Replayed": replayed},
             ),
-            **_responses(
-                "MalformedJson",
-                "Unauthorized",
-                "Conflict",
-                "ContentTooLarge",
-                "UnsupportedMediaType",
-                "Unprocessable",
-                "QueueFull",
-                "Unavailable",
-            ),
+            **_responses(*_CREATE_ERRORS),
         },
     }
 
@@ -755,16 +760,7 @@ def _paths() -> dict[str, Any]:
                         "Every item was a replay.",
                         **{"Idempotent-Replayed": replayed},
                     ),
-                    **_responses(
-                        "MalformedJson",
-                        "Unauthorized",
-                        "Conflict",
-                        "ContentTooLarge",
-                        "UnsupportedMediaType",
-                        "Unprocessable",
-                        "QueueFull",
-                        "Unavailable",
-                    ),
+                    **_responses(*_CREATE_ERRORS),
                 },
             }
         },
