@@ -309,16 +309,19 @@ def settle(dsn: str, timeout_s: float = 120.0) -> dict[str, Any]:
     start = time.time()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
-        busy = 0
-        while time.time() - start < timeout_s:
+
+        def vacuum_idle() -> bool:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
             ).fetchone()
-            busy = int(row[0]) if row else 0
-            if busy == 0:
-                break
-            time.sleep(0.5)  # polling the server's own activity view, bounded above
-    return {"settle_s": round(time.time() - start, 2), "autovacuum_busy_at_start": busy}
+            return row is not None and int(row[0]) == 0
+
+        try:
+            wait_for(vacuum_idle, timeout_s, "autovacuum to finish", every=0.5)
+            quiet = True
+        except TimeoutError:
+            quiet = False
+    return {"settle_s": round(time.time() - start, 2), "autovacuum_idle": quiet}
 
 
 def commit_probe(dsn: str, n: int = 300) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -621,17 +622,14 @@ class AsyncStore:
             budget = (self.retry_s if retry_s is None else retry_s) - (time.monotonic() - started)
             if budget <= 0:
                 raise
-        wait = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05)
+        await asyncio.sleep(random.uniform(0.05, 0.1))  # the wait tenacity puts after try 1
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(DatabaseUnavailable),
             stop=stop_after_delay(budget),
-            wait=wait,
+            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
             reraise=True,
         ):
             with attempt:
-                if attempt.retry_state.attempt_number == 1:
-                    # the failed first try came before: wait, as between any two tries
-                    await asyncio.sleep(wait(attempt.retry_state))
                 return await self._once(name, params, prepare)
         raise AssertionError("unreachable")  # pragma: no cover
 
