@@ -46,7 +46,7 @@ from deadman.chaos.faults import EPISODES, Applied, FaultPlan, Tick
 from deadman.chaos.http import BATCH, ApiServer, HttpSubmitter
 from deadman.chaos.netns import Partition
 from deadman.chaos.scenarios import Context, Db
-from deadman.chaos.submit import JOB_BACKOFF, JOB_MAX_ATTEMPTS, Submitter
+from deadman.chaos.submit import JOB_BACKOFF, JOB_MAX_ATTEMPTS, SubmitRun, Submitter
 from deadman.chaos.verify import Check, database_checks, figures, sql_text
 from deadman.chaos.workers import WorkerPool, children_of, vm_hwm_kib
 from deadman.db.migrate import migrate
@@ -325,24 +325,21 @@ class Run:
 
     def _submitter(self, dsn: str, log_dir: Path, deadline: float) -> AnySubmitter:
         o = self.opts
+        run = SubmitRun(o.jobs, o.seed, o.handler_ms, self.stop, deadline)
         if o.submit != "http":
-            return Submitter(dsn, o.jobs, o.seed, o.handler_ms, self.stop, deadline)
+            return Submitter(dsn, run)
         # A cap well below the run's size: submission meets 429 and has to wait for
         # the fleet, which is what "producers outrun consumers" is about over HTTP.
         self.api = ApiServer(dsn, log_dir, depth_cap=max(2 * BATCH, o.jobs // 5))
         return HttpSubmitter(
             self.api,
-            jobs=o.jobs,
-            seed=o.seed,
-            handler_ms=o.handler_ms,
+            run,
             job_fields={
                 "type": "chaos-effect",
                 "max_attempts": JOB_MAX_ATTEMPTS,
                 "backoff": JOB_BACKOFF.to_json(),
             },
             faults="submit-faults" in o.scenarios,
-            stop=self.stop,
-            deadline=deadline,
         )
 
     def _loop(

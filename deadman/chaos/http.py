@@ -26,14 +26,13 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
-from deadman.chaos.submit import SubmitterBase
+from deadman.chaos.submit import SubmitRun, SubmitterBase
 from deadman.chaos.workers import vm_hwm_kib
 
 BATCH = 1000  # the API's MAX_BATCH
@@ -120,16 +119,12 @@ class HttpSubmitter(SubmitterBase):
     def __init__(
         self,
         api: ApiServer,
+        run: SubmitRun,
         *,
-        jobs: int,
-        seed: int,
-        handler_ms: int,
         job_fields: dict[str, Any],
         faults: bool,
-        stop: threading.Event,
-        deadline: float,
     ) -> None:
-        super().__init__("chaos-http-submitter", jobs, seed, handler_ms, stop, deadline)
+        super().__init__("chaos-http-submitter", run)
         self.api = api
         self.job_fields = job_fields
         self.faults = faults

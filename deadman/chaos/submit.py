@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -23,25 +24,29 @@ JOB_MAX_ATTEMPTS = 25
 JOB_BACKOFF = Backoff(strategy="exponential", base_ms=100, max_ms=2000)
 
 
+@dataclass(frozen=True)
+class SubmitRun:
+    """What either submitter is asked to do: how many jobs, from which seed, with
+    which handler delay, until ``stop`` is set or the deadline (monotonic) passes."""
+
+    jobs: int
+    seed: int
+    handler_ms: int
+    stop: threading.Event
+    deadline: float
+
+
 class SubmitterBase(threading.Thread):
     """What the harness reads from either submitter: progress, resends, the outcome."""
 
-    def __init__(
-        self,
-        name: str,
-        jobs: int,
-        seed: int,
-        handler_ms: int,
-        stop: threading.Event,
-        deadline: float,
-    ) -> None:
+    def __init__(self, name: str, run: SubmitRun) -> None:
         super().__init__(name=name, daemon=True)
-        self.jobs = jobs
-        self.seed = seed
-        self.handler_ms = handler_ms
-        self.stop = stop
-        self.deadline = deadline
-        self.prefix = f"chaos-{seed}-"  # idempotency keys: <prefix><n>
+        self.jobs = run.jobs
+        self.seed = run.seed
+        self.handler_ms = run.handler_ms
+        self.stop = run.stop
+        self.deadline = run.deadline
+        self.prefix = f"chaos-{run.seed}-"  # idempotency keys: <prefix><n>
         self.acked = 0
         self.resends = 0
         self.error: str | None = None
@@ -55,16 +60,8 @@ class Submitter(SubmitterBase):
     acknowledged when its COMMIT returned; a batch that fails (Postgres restarting) is
     sent again, and the idempotency keys make the resend harmless."""
 
-    def __init__(
-        self,
-        dsn: str,
-        jobs: int,
-        seed: int,
-        handler_ms: int,
-        stop: threading.Event,
-        deadline: float,
-    ) -> None:
-        super().__init__("chaos-submitter", jobs, seed, handler_ms, stop, deadline)
+    def __init__(self, dsn: str, run: SubmitRun) -> None:
+        super().__init__("chaos-submitter", run)
         self.dsn = dsn
 
     def run(self) -> None:
