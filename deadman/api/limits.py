@@ -11,18 +11,18 @@ answers 429 with ``Retry-After``. The count stops at the cap, so it costs the sa
 for a queue of a thousand or a billion. It is checked before the insert, not under
 a lock: concurrent submissions can overshoot the cap by a few. That is a deliberate
 trade (a lock would serialise every submission to the queue); the cap is a brake
-against runaway producers, not an accounting limit.
+against runaway producers, not an accounting limit. Only new jobs count: a resent
+submission (same idempotency key) is answered as its replay even at the cap.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Sequence
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deadman.api.idempotency import find_replay
 from deadman.api.problems import RETRY_AFTER_QUEUE_FULL_S, Problem
 from deadman.store import AsyncStore, NewJob
 
@@ -76,23 +76,48 @@ class BodyLimit:
             await _too_large(self.limit).send(send)
 
 
-async def check_queue_depth(store: AsyncStore, cap: int | None, jobs: Sequence[NewJob]) -> None:
-    """429 if adding ``jobs`` would take any of their queues past ``cap``.
+async def check_queue_depth(
+    store: AsyncStore,
+    cap: int | None,
+    jobs: Sequence[NewJob],
+    *,
+    workflow_key: str | None = None,
+) -> None:
+    """429 if the *new* jobs among ``jobs`` would take any of their queues past ``cap``.
 
-    A lone keyed request that would be refused is first checked for being a replay:
-    a client retrying a submission that was already accepted gets its job back, not
-    a 429 for a job that exists.
+    A resent submission is answered as the replay it is, whatever the depth: a job
+    whose idempotency key already holds a job is not new (a replay, or a key reused
+    for another request, which the insert refuses with 422), and neither is any node
+    of a workflow whose key is taken. Keys are looked up only for a queue that would
+    overflow, so a submission under the cap costs no extra read.
     """
     if cap is None:
         return
-    for queue, adding in sorted(Counter(j.queue for j in jobs).items()):
+    by_queue: dict[str, list[NewJob]] = defaultdict(list)
+    for job in jobs:
+        by_queue[job.queue].append(job)
+    for queue, adding in sorted(by_queue.items()):
         depth = await store.queue_depth_get(queue, cap)
-        if depth + adding <= cap:
+        if depth + len(adding) <= cap:
             continue
-        if len(jobs) == 1 and await find_replay(store, jobs[0]) is not None:
-            return
+        if workflow_key is not None:
+            if await store.workflow_get_by_idempotency_key(workflow_key) is not None:
+                return
+        elif depth + await _count_new(store, adding) <= cap:
+            continue
         raise Problem(
             "queue-full",
             f"queue {queue!r} holds {depth} waiting jobs, its cap is {cap}; retry later",
             headers={"Retry-After": str(RETRY_AFTER_QUEUE_FULL_S)},
         )
+
+
+async def _count_new(store: AsyncStore, jobs: Sequence[NewJob]) -> int:
+    """How many of ``jobs`` would be inserted: those without a key, or whose key holds
+    no job yet. One read per keyed job; only on the way to a 429 (see above)."""
+    new = 0
+    for job in jobs:
+        key = job.idempotency_key
+        if key is None or await store.job_get_by_idempotency_key(key) is None:
+            new += 1
+    return new

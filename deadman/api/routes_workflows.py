@@ -31,7 +31,9 @@ async def create_workflow(request: Request) -> Response:
     state = api_state(request)
     key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
     wf = schema.parse_workflow(await schema.read_json(request), idempotency_key=key)
-    await check_queue_depth(state.store, state.settings.max_queue_depth, [j for _, j in wf.nodes])
+    await check_queue_depth(
+        state.store, state.settings.max_queue_depth, [j for _, j in wf.nodes], workflow_key=key
+    )
     created = await state.store.workflow_insert(wf, state.settings.max_attempts)
     replayed = created is None
     if created is None:

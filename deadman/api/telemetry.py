@@ -1,17 +1,26 @@
-"""Request metrics of the API process, labelled by route template (``/jobs/{id}``,
-never the raw path: one series per route, not per job id)."""
+"""Request metrics of the API process.
+
+Every label comes from a closed set, never from the request as sent: this middleware
+runs before authentication (a refused request is counted too), so anything a client
+could choose freely would let anyone, without a token, make series without end, each
+kept in memory for the life of the process and scraped forever (an invented method
+token per request made one series per request). So: the method is one of RFC 9110's
+(plus PATCH) or ``other``; the route is the template the router matched
+(``/jobs/{id}``, ``/ui/jobs/{id}``: one series per route, not per job id) or ``-``
+when no route matched; the status is the one this server chose to send.
+"""
 
 from __future__ import annotations
 
 import time
 
 from prometheus_client import Counter, Histogram
-from starlette.routing import BaseRoute
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUESTS = Counter(
     "deadman_api_requests",
-    "HTTP requests answered, by route and status",
+    "HTTP requests answered, by method, route and status",
     ["method", "route", "status"],
 )
 LATENCY = Histogram(
@@ -20,6 +29,29 @@ LATENCY = Histogram(
     ["route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+#: The method label's values, with "other" for every other token a client sends.
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"}
+)
+#: The route label of a request no route matched (unknown path, refused by auth).
+NO_ROUTE = "-"
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else "other"
+
+
+def route_label(scope: Scope, root_path: str) -> str:
+    """The matched route's template, under the mount it was found in: the router
+    records the route in the scope and a mount extends ``root_path``, so the UI's
+    ``/jobs/{id}`` is told apart from the API's. A mount that matched no route of its
+    own (``/ui/nope``) is no route either."""
+    route = scope.get("route")
+    if not isinstance(route, Route):
+        return NO_ROUTE
+    mount = str(scope.get("root_path", ""))[len(root_path) :]
+    return mount + route.path
 
 
 class RequestMetrics:
@@ -33,6 +65,7 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        root_path = str(scope.get("root_path", ""))
         status = 500
 
         async def recording_send(message: Message) -> None:
@@ -44,9 +77,6 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            route = scope.get("route")
-            template = (
-                route.path if isinstance(route, BaseRoute) and hasattr(route, "path") else "-"
-            )
-            REQUESTS.labels(scope["method"], template, str(status)).inc()
-            LATENCY.labels(template).observe(time.perf_counter() - start)
+            route = route_label(scope, root_path)
+            REQUESTS.labels(method_label(scope["method"]), route, str(status)).inc()
+            LATENCY.labels(route).observe(time.perf_counter() - start)
