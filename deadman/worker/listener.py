@@ -5,12 +5,20 @@ at once instead of at the next heartbeat.
 Notifications are an accelerator, never the source of truth: if the connection
 drops, the producer's polling still finds every job, and we reconnect in the
 background with backoff.
+
+NOTIFY needs no privilege: any role that can connect (the read-only
+``deadman_reader`` included) can send any text on these channels. So a payload is
+input, parsed strictly; one that means nothing to us is logged (at a bounded rate:
+a flood must not fill the disk) and ignored, and no exception, from a payload or
+from a callback, ends the listener: it is logged and the listener reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import time
 from collections.abc import Callable, Sequence
 
 import psycopg
@@ -22,6 +30,47 @@ log = logs.get("deadman.listener")
 
 CHANNEL = "deadman_jobs"
 CANCEL_CHANNEL = "deadman_cancel"
+
+#: A job id as job_cancel sends it: ASCII digits, no sign, no padding, a bigint.
+#: (str.isdigit() is true for '²', which int() refuses.)
+JOB_ID_RE = re.compile(r"[1-9][0-9]{0,18}\Z")
+MAX_JOB_ID = 2**63 - 1
+#: How much of a bad payload a log line shows (a payload can be 7999 bytes).
+PAYLOAD_SHOWN = 80
+
+
+def parse_job_id(payload: str) -> int | None:
+    """The job id in a deadman_cancel payload, or None if it is not one."""
+    if JOB_ID_RE.match(payload) is None:
+        return None
+    job_id = int(payload)
+    return job_id if job_id <= MAX_JOB_ID else None
+
+
+class LogLimiter:
+    """At most ``burst`` lines per ``window_s``; the rest are counted, and the count is
+    logged with the first line of the next window."""
+
+    def __init__(self, burst: int = 10, window_s: float = 60.0) -> None:
+        self._burst = burst
+        self._window_s = window_s
+        self._window_end = 0.0
+        self._logged = 0
+        self.suppressed = 0
+
+    def allow(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if now >= self._window_end:
+            if self.suppressed:
+                log.warning("notifications_ignored_suppressed", count=self.suppressed)
+            self._window_end = now + self._window_s
+            self._logged = 0
+            self.suppressed = 0
+        if self._logged < self._burst:
+            self._logged += 1
+            return True
+        self.suppressed += 1
+        return False
 
 
 class Listener:
@@ -39,6 +88,8 @@ class Listener:
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
+        self.ignored = 0
+        self._limiter = LogLimiter()
 
     def stop(self) -> None:
         self._stop.set()
@@ -50,13 +101,20 @@ class Listener:
                 await self._listen()
                 delay = 0.1
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
-                self.connected.clear()
                 log.warning("listener_disconnected", error=str(exc), retry_in_s=delay)
-                # Something may have been enqueued while we were deaf: poll now.
-                self._on_wake()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                delay = min(delay * 2, 5.0)
+            except Exception as exc:
+                # Not an input (those are handled per notification) nor a lost
+                # connection: a bug. Losing the listener only slows wake-ups down to
+                # the poll interval; losing the worker would stop its jobs.
+                log.error("listener_crashed", error=repr(exc), retry_in_s=delay)
+            else:
+                continue
+            self.connected.clear()
+            # Something may have been enqueued while we were deaf: poll now.
+            self._on_wake()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, 5.0)
 
     async def _listen(self) -> None:
         async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
@@ -70,12 +128,33 @@ class Listener:
                 # the connection, so a dead socket surfaces as an error here.
                 async for note in conn.notifies(timeout=1.0):
                     self.received += 1
-                    if note.channel == CANCEL_CHANNEL:
-                        # Every worker hears every cancel; the one holding the job
-                        # acts, the rest ignore it. A missed one is caught by the
-                        # heartbeat, which reads cancel_requested.
-                        if self._on_cancel is not None and note.payload.isdigit():
-                            self._on_cancel(int(note.payload))
-                    elif note.payload in self._queues:
-                        self._on_wake()
+                    try:
+                        self._dispatch(note.channel, note.payload)
+                    except Exception as exc:  # a callback's bug: keep listening
+                        log.error("notification_failed", channel=note.channel, error=repr(exc))
                 await conn.execute(QUERIES["ping"])
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == CANCEL_CHANNEL:
+            # Every worker hears every cancel; the one holding the job acts, the rest
+            # ignore it. A missed one is caught by the heartbeat, which reads
+            # cancel_requested.
+            job_id = parse_job_id(payload)
+            if job_id is None:
+                self._ignore(channel, payload)
+            elif self._on_cancel is not None:
+                self._on_cancel(job_id)
+        elif payload in self._queues:
+            self._on_wake()
+        # else: another fleet's queue, or noise; waking for it would only cost a claim
+
+    def _ignore(self, channel: str, payload: str) -> None:
+        self.ignored += 1
+        if self._limiter.allow():
+            log.warning(
+                "notification_ignored",
+                channel=channel,
+                payload=payload[:PAYLOAD_SHOWN],
+                payload_chars=len(payload),
+                reason="not a job id",
+            )
