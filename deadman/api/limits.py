@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deadman.api.problems import RETRY_AFTER_QUEUE_FULL_S, Problem
+from deadman.api.schema import ascii_int
 from deadman.store import AsyncStore, NewJob
 
 
@@ -47,7 +48,8 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > self.limit:
+        length = None if declared is None else ascii_int(declared.strip())
+        if length is not None and length > self.limit:
             await _too_large(self.limit).send(send)
             return
         received = 0

@@ -19,12 +19,6 @@ from deadman.api.serialize import workflow_json
 from deadman.api.state import api_state
 
 
-def _workflow_id(raw: str) -> int:
-    if schema.ID_RE.match(raw) and int(raw) <= schema.MAX_BIGINT:
-        return int(raw)
-    raise Problem("not-found", "no such workflow")
-
-
 async def create_workflow(request: Request) -> Response:
     """201 and the workflow with its nodes, after the transaction committed; with an
     Idempotency-Key already used for the same workflow, 200 and that workflow."""
@@ -51,7 +45,7 @@ async def create_workflow(request: Request) -> Response:
 
 
 async def get_workflow(request: Request) -> Response:
-    workflow_id = _workflow_id(request.path_params["id"])
+    workflow_id = schema.parse_workflow_id(request.path_params["id"])
     found = await api_state(request).store.workflow_get(workflow_id)
     if found is None:
         raise Problem("not-found", f"no workflow {workflow_id}")
@@ -62,7 +56,7 @@ async def cancel_workflow(request: Request) -> Response:
     """202 while running nodes still have to stop; 200 when the workflow is finished
     (by this cancel or already: cancelling a finished workflow changes nothing)."""
     store = api_state(request).store
-    workflow_id = _workflow_id(request.path_params["id"])
+    workflow_id = schema.parse_workflow_id(request.path_params["id"])
     await store.workflow_cancel(workflow_id)
     found = await store.workflow_get(workflow_id)
     if found is None:

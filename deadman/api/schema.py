@@ -44,7 +44,6 @@ MAX_BACKOFF_MS = 86_400_000
 MAX_KEY_LEN = 255
 LIMIT_DEFAULT, LIMIT_MAX = 100, 1000
 MAX_BIGINT = 2**63 - 1
-ID_RE = re.compile(r"[1-9][0-9]{0,18}\Z")
 # RFC 3339 section 5.6 date-time; "T" and "Z" may be lower case (its note). An offset
 # is required: a time without one means nothing to a server in another zone.
 RFC3339_RE = re.compile(
@@ -354,15 +353,19 @@ def _job_ids(value: Any, field: str, fields: _Fields) -> tuple[int, ...]:
         return ()
     ids: list[int] = []
     for i, item in enumerate(value):
-        raw = str(item) if isinstance(item, int) and not isinstance(item, bool) else item
-        if not isinstance(raw, str) or not ID_RE.match(raw):
+        raw = item
+        if isinstance(item, int) and not isinstance(item, bool):
+            raw = str(item) if abs(item) < 10**20 else ""  # what JSON parsed, str() can write
+        well_formed = isinstance(raw, str) and _ID.fullmatch(raw) is not None
+        job_id = parse_id(raw) if well_formed else None
+        if not well_formed:
             fields.add(f"{field}[{i}]", "must be a job id")
-        elif int(raw) > MAX_BIGINT:  # well-formed, but no job can have it
+        elif job_id is None:  # well-formed, but past bigint: no job can have it
             fields.add(f"{field}[{i}]", f"depends_on names unknown jobs: {raw}")
-        elif int(raw) in ids:
+        elif job_id in ids:
             fields.add(f"{field}[{i}]", "repeats an earlier id")
         else:
-            ids.append(int(raw))
+            ids.append(job_id)
     return tuple(ids)
 
 
@@ -576,11 +579,44 @@ def parse_idempotency_key(raw: str | None) -> str | None:
     return key
 
 
+# [0-9], never \d or str.isdigit(): those take '²' and '٣', which int() refuses or
+# reads as a digit of another script. Nineteen digits at most: bigint has nineteen,
+# and int() of 5,000 digits raises (Python caps conversions at 4,300 digits).
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def ascii_int(raw: str, lo: int = 0, hi: int = MAX_BIGINT) -> int | None:
+    """``raw`` as an integer if it is nothing but ASCII digits (no sign, no space, no
+    other script's digits) and within ``lo..hi`` (at most bigint); None otherwise.
+    Never raises, whatever ``raw`` holds: the one way this API reads a number from a
+    path, a query string or a header."""
+    if not _DIGITS.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if lo <= value <= min(hi, MAX_BIGINT) else None
+
+
+def parse_id(raw: str) -> int | None:
+    """An id as this API writes them (jobs, workflows, cursors): 1..bigint in ASCII
+    digits without a leading zero, so that each id has one spelling; None otherwise."""
+    return ascii_int(raw, 1) if _ID.fullmatch(raw) else None
+
+
 def parse_job_id(raw: str) -> int:
     """A job id from the path. Anything that cannot be one is simply not found."""
-    if ID_RE.match(raw) and int(raw) <= MAX_BIGINT:
-        return int(raw)
-    raise Problem("not-found", "no such job")
+    job_id = parse_id(raw)
+    if job_id is None:
+        raise Problem("not-found", "no such job")
+    return job_id
+
+
+def parse_workflow_id(raw: str) -> int:
+    """A workflow id from the path; anything that cannot be one is not found."""
+    workflow_id = parse_id(raw)
+    if workflow_id is None:
+        raise Problem("not-found", "no such workflow")
+    return workflow_id
 
 
 def parse_queue_name(raw: str) -> str:
@@ -608,16 +644,15 @@ def parse_list_query(query: QueryParams) -> ListParams:
     limit = LIMIT_DEFAULT
     if "limit" in values:
         raw = values["limit"]
-        if re.fullmatch(r"[0-9]{1,7}", raw) and 1 <= int(raw) <= LIMIT_MAX:
-            limit = int(raw)
-        else:
+        got = ascii_int(raw, 1, LIMIT_MAX)
+        if got is None:
             fields.add("limit", f"must be an integer from 1 to {LIMIT_MAX}")
+        else:
+            limit = got
     before = None
     if "cursor" in values:
-        raw = values["cursor"]
-        if ID_RE.match(raw) and int(raw) <= MAX_BIGINT:
-            before = int(raw)
-        else:
+        before = parse_id(values["cursor"])
+        if before is None:
             fields.add("cursor", "is not a cursor this API issued (use next_cursor as is)")
     fields.raise_if_any()
     return ListParams(

@@ -90,8 +90,9 @@ def test_pages_render_and_escape_user_data(db_dsn: str) -> None:
         assert f'/ui/jobs/{queued}"' not in pages["/ui/jobs?state=dead&type=pdf"].text
         assert c.get("/ui/jobs/999999").status_code == 404
         assert c.get("/ui/jobs/abc").status_code == 404
-        # nonsense filters are ignored, not errors
-        assert c.get("/ui/jobs?state=bogus&queue=a%20b&before=-1").status_code == 200
+        # nonsense filters are ignored, not errors; a cursor that is no job id is a 400
+        assert c.get("/ui/jobs?state=bogus&queue=a%20b").status_code == 200
+        assert c.get("/ui/jobs?before=-1").status_code == 400
 
 
 def test_keyset_pages(db_dsn: str) -> None:

@@ -32,6 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
+from deadman.api.schema import parse_id
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.api.state import api_state
 from deadman.api.ui.templates import (
@@ -93,6 +94,16 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(source).netloc.lower() == request.headers.get("host", "").lower()
 
 
+class PageError(Exception):
+    """Raise in a page or action to answer with a short error page (a 4xx)."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.title = title
+        self.message = message
+
+
 def guarded(handler: Handler) -> Handler:
     """Signed in (else to the sign-in form), and for a POST: sent by our own page."""
 
@@ -103,7 +114,10 @@ def guarded(handler: Handler) -> Handler:
             return _html("sign in first", Safe(""), 401)
         if request.method == "POST" and not _same_origin(request):
             return _html("forbidden", render("<p>cross-site request refused</p>"), 403)
-        return await handler(request)
+        try:
+            return await handler(request)
+        except PageError as exc:
+            return _html(exc.title, render("<p>$m</p>", m=exc.message), exc.status)
 
     return wrapper
 
@@ -186,9 +200,29 @@ def _filter_value(request: Request, name: str, check: Callable[[str], str]) -> s
         return None
 
 
-def _int_param(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name, "")
-    return int(value) if value.isdigit() and 0 < int(value) < 2**63 else None
+def _before(request: Request) -> int | None:
+    """The page cursor: absent, or a job id (as the "older" link writes it); anything
+    else is a 400 page, not the first page passed off as the one asked for."""
+    raw = request.query_params.get("before") or None
+    if raw is None:
+        return None
+    before = parse_id(raw)
+    if before is None:
+        raise PageError(400, "bad page", f"before={_shorten(raw)} is not a job id")
+    return before
+
+
+def _path_id(request: Request) -> int:
+    """The job id of the path; a 404 page when it cannot be one (no job has it)."""
+    raw = str(request.path_params["id"])
+    job_id = parse_id(raw)
+    if job_id is None:
+        raise PageError(404, "not found", f"no job {_shorten(raw)}")
+    return job_id
+
+
+def _shorten(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _spark_series(rows: list[Any]) -> dict[str, list[int]]:
@@ -313,7 +347,7 @@ def _filters_form(action: str, state: str | None, type_: str | None, queue: str 
 async def _listing(request: Request, state: JobState | None) -> tuple[list[dict[str, Any]], Safe]:
     type_ = _filter_value(request, "type", validate_type)
     queue = _filter_value(request, "queue", validate_queue)
-    before = _int_param(request, "before")
+    before = _before(request)
     params = ListParams(limit=PAGE_SIZE, state=state, type=type_, queue=queue, before_id=before)
     jobs = [job_json(j) for j in await api_state(request).store.job_list(params)]
     more = Safe("")
@@ -364,11 +398,11 @@ async def dead(request: Request) -> Response:
 
 @guarded
 async def job_page(request: Request) -> Response:
-    job_id = _int_param_path(request)
+    job_id = _path_id(request)
     store = api_state(request).store
-    job = await store.job_get(job_id) if job_id else None
+    job = await store.job_get(job_id)
     if job is None:
-        return _html("not found", render("<p>no job $id</p>", id=request.path_params["id"]), 404)
+        return _html("not found", render("<p>no job $id</p>", id=job_id), 404)
     j = job_json(job)
     attempts = [attempt_json(a) for a in await store.job_attempts(job.id)]
     facts = table(
@@ -432,11 +466,6 @@ async def job_page(request: Request) -> Response:
     return _html(f"job {job.id}", body)
 
 
-def _int_param_path(request: Request) -> int | None:
-    raw = str(request.path_params["id"])
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 2**63 else None
-
-
 def _took(start: str | None, end: str | None) -> str:
     if not start or not end:
         return "-"
@@ -476,18 +505,14 @@ async def workers(request: Request) -> Response:
 @guarded
 async def retry(request: Request) -> Response:
     """Replay one dead (or cancelled) job, then show it (its page refreshes itself)."""
-    job_id = _int_param_path(request)
-    if job_id is None:
-        return RedirectResponse("/ui/dead", status_code=303)
+    job_id = _path_id(request)
     await api_state(request).store.job_retry(job_id)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
 @guarded
 async def cancel(request: Request) -> Response:
-    job_id = _int_param_path(request)
-    if job_id is None:
-        return RedirectResponse("/ui/jobs", status_code=303)
+    job_id = _path_id(request)
     await api_state(request).store.job_cancel(job_id)
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
