@@ -113,6 +113,8 @@ class AttemptOutcome(enum.StrEnum):
 TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 QUEUE_RE = TYPE_RE
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: one bound for every way in (HTTP, Client, DEADMAN_MAX_ATTEMPTS); they disagreed once
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
 
 
 def validate_type(name: str) -> str:
@@ -133,6 +135,16 @@ def validate_priority(priority: int) -> int:
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidJob(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
     return priority
+
+
+def validate_max_attempts(max_attempts: int) -> int:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise InvalidJob("max_attempts must be an integer")
+    if not MAX_ATTEMPTS_MIN <= max_attempts <= MAX_ATTEMPTS_MAX:
+        raise InvalidJob(
+            f"max_attempts must be between {MAX_ATTEMPTS_MIN} and {MAX_ATTEMPTS_MAX}"
+        )
+    return max_attempts
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from deadman.model import (
     Workflow,
     check_transition,
     find_cycle,
+    validate_max_attempts,
     validate_priority,
     validate_queue,
     validate_type,
@@ -93,8 +94,8 @@ class NewJob:
             raise InvalidJob("delay must not be negative")
         if self.delay_ms > MAX_DELAY_MS:
             raise InvalidJob(f"delay must be at most {MAX_DELAY_MS} ms (10 years)")
-        if self.max_attempts is not None and not 1 <= self.max_attempts <= 1000:
-            raise InvalidJob("max_attempts must be between 1 and 1000")
+        if self.max_attempts is not None:
+            validate_max_attempts(self.max_attempts)
         if self.timeout_ms is not None and not 0 < self.timeout_ms <= MAX_TIMEOUT_MS:
             raise InvalidJob(f"timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
         if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:

@@ -186,14 +186,21 @@ WHERE j.id = c.id
 RETURNING j.*;
 
 -- name: job_quarantine_pending
--- Is a quarantined job due in one of these queues? (jobs_quarantine_idx)
+-- Is a quarantined job due in one of these queues that job_claim_quarantined could
+-- claim? (jobs_quarantine_idx) The same tests as that claim, paused queue and
+-- start_by/deadline included: a suspect this says is pending but the claim can
+-- never take makes the producer drain for nothing every time it asks (a poison
+-- pill in a paused queue throttled every worker serving that queue).
 SELECT EXISTS (
-    SELECT 1 FROM deadman.jobs
-    WHERE queue = ANY(%(queues)s::text[])
-      AND state IN ('queued', 'scheduled', 'retrying')
-      AND rescues > 0
-      AND rescues >= %(quarantine_at)s
-      AND run_at <= now()
+    SELECT 1 FROM deadman.jobs j
+    WHERE j.queue = ANY(%(queues)s::text[])
+      AND j.state IN ('queued', 'scheduled', 'retrying')
+      AND j.rescues > 0
+      AND j.rescues >= %(quarantine_at)s
+      AND j.run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = j.queue AND q.paused)
+      AND (j.start_by IS NULL OR j.start_by > now())
+      AND (j.deadline IS NULL OR j.deadline > now())
 ) AS pending;
 
 -- name: job_next_run_at
@@ -211,6 +218,11 @@ WHERE queue = %(queue)s
 -- is set exactly while a job runs: jobs_lease_iff_running). Each ended attempt gets
 -- its history row in the same statement. Returns the ids that changed; an id
 -- missing from the result is a lost lease.
+-- An acknowledged cancel wins over every outcome but success: a job whose
+-- cancel_requested is set (read under the row lock, so a cancel that committed while
+-- we waited for the lock counts) ends 'cancelled' instead of 'retrying', 'queued'
+-- (released) or 'dead', so no new attempt starts after the cancel's 202. The
+-- attempt's own outcome still goes to its history row.
 -- Plan: every step finds its rows through the primary key, so the cost follows the
 -- batch and nothing else. No `state = 'running'` test on purpose: it would let the
 -- planner pick jobs_running_idx (statistics often say "no job is running") and
@@ -220,7 +232,11 @@ WITH locked AS (
     -- so the two multi-row statements can never deadlock each other.
     -- The batch is one JSON array of objects (one json.dumps in the worker: a tenth
     -- of its CPU went into adapting seven parameter arrays element by element).
-    SELECT j.id, i.token, i.state, i.outcome, i.delay_ms, i.error, i.result
+    SELECT j.id, i.token, i.outcome, i.delay_ms, i.error, i.result,
+           CASE WHEN j.cancel_requested AND i.state <> 'succeeded' THEN 'cancelled'
+                ELSE i.state END AS state,
+           j.cancel_requested AND i.state NOT IN ('succeeded', 'cancelled')
+               AS cancelled_on_request
     FROM deadman.jobs j
     JOIN json_to_recordset(%(batch)s::json)
          AS i(id bigint, token bigint, state text, outcome text, delay_ms bigint,
@@ -240,7 +256,9 @@ WITH locked AS (
                       ELSE j.run_at END,
         -- a released attempt (graceful shutdown) does not use up an attempt
         attempt = CASE WHEN l.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
-        last_error = COALESCE(l.error, j.last_error),
+        last_error = CASE WHEN l.cancelled_on_request
+                          THEN COALESCE(l.error || E'\n', '') || 'cancelled on request'
+                          ELSE COALESCE(l.error, j.last_error) END,
         result = l.result
     FROM locked l
     WHERE j.id = l.id AND j.lease_token = l.token
@@ -335,7 +353,10 @@ SELECT pg_try_advisory_xact_lock(716341, 2) AS leader,
 -- SKIP LOCKED: a row being completed right now is left alone; that completion
 -- either commits first (then the row is no longer running) or finds its token gone.
 WITH expired AS (
-    SELECT id, lease_token, lease_worker, started_at, attempt
+    -- rescues and cancel_requested come from here, the locked row (its latest
+    -- committed version), never from a second read of the table: that one sees the
+    -- statement's snapshot, which misses a cancel that committed while we waited.
+    SELECT id, lease_token, lease_worker, started_at, attempt, rescues, cancel_requested
     FROM deadman.jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY id
@@ -349,10 +370,9 @@ WITH expired AS (
     GROUP BY lease_worker
 ), verdict AS (
     SELECT e.*,
-           (j.rescues + 1 > %(max_rescues)s AND COALESCE(h.n, 1) = 1) AS poison,
-           j.cancel_requested AS cancel
+           (e.rescues + 1 > %(max_rescues)s AND COALESCE(h.n, 1) = 1) AS poison,
+           e.cancel_requested AS cancel
     FROM expired e
-    JOIN deadman.jobs j ON j.id = e.id
     LEFT JOIN held h ON h.lease_worker = e.lease_worker
 ), rescued AS (
     UPDATE deadman.jobs j
@@ -416,6 +436,11 @@ RETURNING j.id, j.state, j.queue;
 
 -- name: job_prune_finished
 -- Retention: delete finished jobs older than their state's retention, in batches.
+-- The DELETE tests state and age again itself. Under READ COMMITTED a DELETE that
+-- waited on a row lock re-tests only its own WHERE against the row's new version,
+-- never the CTE that picked it: without the second test, a job that POST
+-- /jobs/{id}/retry (or a DLQ replay) moved dead -> queued and committed while we
+-- waited was deleted after its 200 (tests/integration/test_race_matrix.py).
 WITH doomed AS (
     (SELECT id FROM deadman.jobs
      WHERE state = 'succeeded'
@@ -427,7 +452,13 @@ WITH doomed AS (
        AND finished_at < now() - %(failed_ms)s::bigint * interval '1 millisecond'
      LIMIT %(limit)s)
 )
-DELETE FROM deadman.jobs j USING doomed d WHERE j.id = d.id
+DELETE FROM deadman.jobs j USING doomed d
+WHERE j.id = d.id
+  AND CASE WHEN j.state = 'succeeded'
+           THEN j.finished_at < now() - %(succeeded_ms)s::bigint * interval '1 millisecond'
+           WHEN j.state IN ('dead', 'cancelled')
+           THEN j.finished_at < now() - %(failed_ms)s::bigint * interval '1 millisecond'
+           ELSE false END
 RETURNING j.id;
 
 -- name: workflow_prune_finished

@@ -279,3 +279,17 @@ def test_job_from_row_with_and_without_lease() -> None:
     idle = Job.from_row({**row, "state": "queued", "lease_token": None})
     assert idle.lease is None
     assert idle.cancel_requested is False
+
+
+@pytest.mark.parametrize("value", [0, 101, 1000, -1, True])
+def test_max_attempts_has_one_bound_for_every_way_in(value: int) -> None:
+    """HTTP and DEADMAN_MAX_ATTEMPTS said 1..100 while the Python client took 1..1000."""
+    from deadman.errors import InvalidJob
+    from deadman.model import MAX_ATTEMPTS_MAX, validate_max_attempts
+    from deadman.store import NewJob
+
+    assert MAX_ATTEMPTS_MAX == 100
+    with pytest.raises(InvalidJob, match="max_attempts"):
+        validate_max_attempts(value)
+    with pytest.raises(InvalidJob, match="max_attempts"):
+        NewJob("t", max_attempts=value)

@@ -1,0 +1,662 @@
+"""The race matrix: every statement that changes a job's state, against every other
+statement that can touch the same row, on two real connections, in both commit orders.
+
+How one case runs (the technique that found the retention bug):
+1. ``setup`` writes the rows as the queue would have left them (factories).
+2. Connection A runs the first statement and keeps its transaction open: it now holds
+   the row locks the statement took.
+3. Connection B runs the second statement in a thread. We wait, with a deadline, until
+   B either finished (a SKIP LOCKED statement passes the locked row by) or is blocked
+   on a lock (``pg_stat_activity.wait_event_type = 'Lock'``): the interleaving is
+   forced, never hoped for.
+4. A commits; B completes (its re-test under READ COMMITTED sees A's row); B commits.
+5. The invariants are checked against the database.
+
+The invariants (checked after every case):
+- no acknowledged job vanishes: a job a retry or replay returned still exists;
+- no fenced write lands with a stale token: once a statement ended an attempt's lease
+  (finish, rescue), no later fenced statement with that token is acknowledged;
+- an acknowledged cancel is never followed by a new attempt: the job is cancelled,
+  succeeded by the attempt in flight, or still running that attempt with the flag
+  set, and no claim can take it;
+- a pause is honoured by the next claim;
+- workflows finalise once: their counters match their nodes' rows, and a workflow
+  is finished exactly when all its nodes are;
+- dependency counters match rows: a waiting job's pending_deps is the number of its
+  dependencies that have not succeeded, and none of them is dead or cancelled.
+
+``MATRIX`` below is the table: each row names a setup and two statements; both
+orders run. ``test_every_state_changing_statement_has_a_row`` fails when a query in
+queries.sql writes deadman.jobs and no row of the matrix runs it: adding a statement
+means adding its rows.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import DictRow, dict_row
+
+from deadman.db.queries import QUERIES
+from deadman.model import AttemptOutcome, JobState
+from deadman.store import (
+    ClaimParams,
+    Finish,
+    HeartbeatParams,
+    claim_params,
+    finish_params,
+    heartbeat_params,
+)
+from tests.factories import insert_job
+
+QUEUE = "race"
+TTL_MS = 30_000
+MAX_RESCUES = 5
+QUARANTINE_AT = 5
+WORKER = "race-worker"
+DAY_MS = 24 * 3600 * 1000
+
+Conn = psycopg.Connection[DictRow]
+
+
+@dataclass
+class World:
+    """What a setup made: the job under test and its neighbours."""
+
+    job: int
+    token: int | None = None
+    #: for dependency cases: the job `job` waits for
+    upstream: int | None = None
+    upstream_token: int | None = None
+    workflow: int | None = None
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """One state-changing statement, as the code sends it."""
+
+    name: str
+    #: the named queries it runs (the coverage test reads these)
+    queries: tuple[str, ...]
+    run: Callable[[Conn, World], list[DictRow]]
+    #: its acknowledgement: what the caller would answer 200/202 for, or a worker
+    #: would take as "done"
+    acked: Callable[[list[DictRow], World], bool]
+    #: a write fenced by the world's lease token (heartbeat, finish)
+    fenced: bool = False
+    #: ends the attempt that holds the world's lease token (finish, rescue)
+    ends_lease: bool = False
+
+
+def _rows(conn: Conn, query: str, params: dict[str, Any], *, prepare: bool = True) -> list[DictRow]:
+    cur = conn.execute(QUERIES[query], params, prepare=prepare)
+    return cur.fetchall() if cur.description is not None else []
+
+
+def _ids(rows: list[DictRow]) -> set[int]:
+    return {int(r["id"]) for r in rows}
+
+
+def _claim(conn: Conn, w: World) -> list[DictRow]:
+    p = ClaimParams(QUEUE, WORKER + "-2", 10, TTL_MS, QUARANTINE_AT)
+    return _rows(conn, "job_claim", claim_params(p))
+
+
+def _claim_quarantined(conn: Conn, w: World) -> list[DictRow]:
+    p = ClaimParams(QUEUE, WORKER + "-2", 1, TTL_MS, QUARANTINE_AT)
+    return _rows(conn, "job_claim_quarantined", claim_params(p))
+
+
+def _heartbeat(conn: Conn, w: World) -> list[DictRow]:
+    assert w.token is not None
+    p = HeartbeatParams(WORKER, "host", 1, [QUEUE], 10, TTL_MS, [(w.job, w.token)])
+    return _rows(conn, "job_heartbeat_many", heartbeat_params(p))
+
+
+def _finish(state: JobState, outcome: AttemptOutcome, *, on: str = "job", effect: bool = False):  # type: ignore[no-untyped-def]
+    def run(conn: Conn, w: World) -> list[DictRow]:
+        job, token = (w.job, w.token) if on == "job" else (w.upstream, w.upstream_token)
+        assert job is not None and token is not None
+        f = Finish(
+            job,
+            token,
+            state,
+            outcome,
+            delay_ms=0,
+            error=None if state is JobState.SUCCEEDED else f"{outcome.value} in the matrix",
+            result={"ok": True} if state is JobState.SUCCEEDED else None,
+        )
+        if effect:  # ctx.transaction(): the effect and the fenced completion, one tx
+            conn.execute(QUERIES["effect_insert"], {"job_id": job, "lease_token": token})
+            conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": 60_000})
+        return _rows(conn, "job_finish_many", finish_params([f]))
+
+    return run
+
+
+def _cancel(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "job_cancel", {"id": w.job})
+
+
+def _retry(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "job_retry", {"id": w.job})
+
+
+def _replay(conn: Conn, w: World) -> list[DictRow]:
+    params = {"type": None, "queue": QUEUE, "after": None, "limit": 100}
+    return [r for r in _rows(conn, "job_retry_dead_many", params, prepare=False) if r["replayed"]]
+
+
+def _pause(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "queue_set_paused", {"name": QUEUE, "paused": True})
+
+
+def _rescue(conn: Conn, w: World) -> list[DictRow]:
+    params = {"max_rescues": MAX_RESCUES, "quarantine_at": QUARANTINE_AT, "limit": 100}
+    return _rows(conn, "job_rescue_expired", params)
+
+
+def _expire(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "job_expire", {"limit": 100})
+
+
+def _prune(conn: Conn, w: World) -> list[DictRow]:
+    params = {"succeeded_ms": DAY_MS, "failed_ms": DAY_MS, "limit": 100}
+    return _rows(conn, "job_prune_finished", params)
+
+
+def _workflow_cancel(conn: Conn, w: World) -> list[DictRow]:
+    assert w.workflow is not None
+    return _rows(conn, "workflow_cancel", {"id": w.workflow})
+
+
+def _retry_upstream(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "job_retry", {"id": w.upstream})
+
+
+def _returned_job(rows: list[DictRow], w: World) -> bool:
+    return w.job in _ids(rows)
+
+
+def _returned_upstream(rows: list[DictRow], w: World) -> bool:
+    return w.upstream in _ids(rows)
+
+
+def _any(rows: list[DictRow], w: World) -> bool:
+    return bool(rows)
+
+
+S = JobState
+Out = AttemptOutcome
+STATEMENTS: dict[str, Stmt] = {
+    s.name: s
+    for s in [
+        Stmt("claim", ("job_claim",), _claim, _returned_job),
+        Stmt("claim_quarantined", ("job_claim_quarantined",), _claim_quarantined, _returned_job),
+        Stmt("heartbeat", ("job_heartbeat_many",), _heartbeat, _returned_job, fenced=True),
+        *(
+            Stmt(
+                f"finish_{name}",
+                ("job_finish_many",),
+                _finish(st, o),
+                _returned_job,
+                fenced=True,
+                ends_lease=True,
+            )
+            for name, st, o in [
+                ("succeeded", S.SUCCEEDED, Out.SUCCEEDED),
+                ("retrying", S.RETRYING, Out.FAILED),
+                ("dead", S.DEAD, Out.FAILED),
+                ("cancelled", S.CANCELLED, Out.CANCELLED),
+                ("released", S.QUEUED, Out.RELEASED),
+            ]
+        ),
+        Stmt(
+            "finish_in_transaction",
+            ("job_finish_many", "effect_insert", "tx_idle_limit"),
+            _finish(S.SUCCEEDED, Out.SUCCEEDED, effect=True),
+            _returned_job,
+            fenced=True,
+            ends_lease=True,
+        ),
+        Stmt("cancel", ("job_cancel",), _cancel, _returned_job),
+        Stmt("retry", ("job_retry",), _retry, _returned_job),
+        Stmt("replay", ("job_retry_dead_many",), _replay, _returned_job),
+        Stmt("pause", ("queue_set_paused",), _pause, _any),
+        Stmt("rescue", ("job_rescue_expired",), _rescue, _returned_job, ends_lease=True),
+        Stmt("expire", ("job_expire",), _expire, _returned_job),
+        Stmt("prune", ("job_prune_finished",), _prune, _returned_job),
+        Stmt("workflow_cancel", ("workflow_cancel",), _workflow_cancel, _returned_job),
+        # the upstream of a waiting job ends: the trigger releases or cancels `job`
+        Stmt(
+            "release",
+            ("job_finish_many",),
+            _finish(S.SUCCEEDED, Out.SUCCEEDED, on="up"),
+            _returned_upstream,
+        ),
+        Stmt(
+            "cascade",
+            ("job_finish_many",),
+            _finish(S.DEAD, Out.FAILED, on="up"),
+            _returned_upstream,
+        ),
+        # a dead upstream is retried: the trigger reopens `job`, cancelled because of it
+        Stmt("retry_upstream", ("job_retry",), _retry_upstream, _returned_upstream),
+    ]
+}
+
+
+# ----------------------------------------------------------------------------- setups
+
+
+def _in_workflow(conn: Conn, job_ids: list[int], states: list[str]) -> int:
+    unfinished = sum(1 for s in states if s not in ("succeeded", "dead", "cancelled"))
+    done = unfinished == 0
+    row = conn.execute(
+        "INSERT INTO deadman.workflows (name, nodes, unfinished, failed, cancelled, state,"
+        " finished_at) VALUES ('race', %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)"
+        " RETURNING id",
+        (
+            len(job_ids),
+            unfinished,
+            states.count("dead"),
+            states.count("cancelled"),
+            "running"
+            if not done
+            else "failed"
+            if "dead" in states
+            else "cancelled"
+            if "cancelled" in states
+            else "succeeded",
+            done,
+        ),
+    ).fetchone()
+    assert row is not None
+    for i, job in enumerate(job_ids):
+        conn.execute(
+            "UPDATE deadman.jobs SET workflow_id = %s, node = %s WHERE id = %s",
+            (row["id"], f"n{i}", job),
+        )
+    return int(row["id"])
+
+
+def _one(state: str, **kw: Any) -> Callable[[Conn], World]:
+    def setup(conn: Conn) -> World:
+        j = insert_job(conn, state=state, queue=QUEUE, **kw)
+        wf = _in_workflow(conn, [j.id], [state])
+        return World(job=j.id, token=j.lease_token, workflow=wf)
+
+    return setup
+
+
+def _waiting(conn: Conn) -> World:
+    """`job` waits for `upstream`, which is running; both nodes of one workflow."""
+    up = insert_job(conn, state="running", queue=QUEUE)
+    down = insert_job(conn, state="waiting", queue=QUEUE)
+    conn.execute(
+        "UPDATE deadman.jobs SET pending_deps = 1, start_by = now() + interval '1 hour'"
+        " WHERE id = %s",
+        (down.id,),
+    )
+    conn.execute("UPDATE deadman.jobs SET has_dependents = true WHERE id = %s", (up.id,))
+    conn.execute(
+        "INSERT INTO deadman.job_deps (job_id, depends_on) VALUES (%s, %s)", (down.id, up.id)
+    )
+    wf = _in_workflow(conn, [up.id, down.id], ["running", "waiting"])
+    return World(job=down.id, upstream=up.id, upstream_token=up.lease_token, workflow=wf)
+
+
+def _expiring(conn: Conn) -> World:
+    """A queued job whose start_by has just passed: the claim skips it, expire ends it."""
+    w = _one("queued")(conn)
+    conn.execute(
+        "UPDATE deadman.jobs SET start_by = now() - interval '1 second' WHERE id = %s", (w.job,)
+    )
+    return w
+
+
+def _cascaded(conn: Conn) -> World:
+    """`upstream` ended dead long ago and took `job`, its dependent, down with it."""
+    up = insert_job(conn, state="dead", queue=QUEUE, finished_ago_s=2 * 86400)
+    down = insert_job(conn, state="cancelled", queue=QUEUE, finished_ago_s=2 * 86400)
+    conn.execute("UPDATE deadman.jobs SET upstream_cancelled = true WHERE id = %s", (down.id,))
+    conn.execute("UPDATE deadman.jobs SET has_dependents = true WHERE id = %s", (up.id,))
+    conn.execute(
+        "INSERT INTO deadman.job_deps (job_id, depends_on) VALUES (%s, %s)", (down.id, up.id)
+    )
+    wf = _in_workflow(conn, [up.id, down.id], ["dead", "cancelled"])
+    return World(job=down.id, upstream=up.id, workflow=wf)
+
+
+SETUPS: dict[str, Callable[[Conn], World]] = {
+    "queued": _one("queued", run_in_s=-1),
+    "retrying_due": _one("retrying", run_in_s=-1),
+    "quarantined": _one("queued", run_in_s=-1, rescues=QUARANTINE_AT),
+    "expiring": _expiring,
+    "running": _one("running"),
+    "running_lapsed": _one("running", lease_expires_in_s=-10),
+    "running_lapsed_last_attempt": _one("running", lease_expires_in_s=-10, attempt=5),
+    "dead_old": _one("dead", finished_ago_s=2 * 86400),
+    "cancelled_old": _one("cancelled", finished_ago_s=2 * 86400),
+    "succeeded_old": _one("succeeded", finished_ago_s=2 * 86400),
+    "waiting": _waiting,
+    "cascaded_old": _cascaded,
+}
+
+# ----------------------------------------------------------------------------- the table
+# (setup, statement, statement): both commit orders run. Grouped by the row state the
+# two statements meet on.
+FINISHES = [
+    "finish_succeeded",
+    "finish_retrying",
+    "finish_dead",
+    "finish_cancelled",
+    "finish_released",
+    "finish_in_transaction",
+]
+MATRIX: list[tuple[str, str, str]] = [
+    # due work: claimers, cancellers, the expirer and pause meet on a queued row
+    ("queued", "claim", "claim"),
+    ("queued", "claim", "cancel"),
+    ("queued", "claim", "workflow_cancel"),
+    ("queued", "claim", "pause"),
+    ("queued", "cancel", "cancel"),
+    ("queued", "cancel", "workflow_cancel"),
+    ("retrying_due", "claim", "cancel"),
+    ("quarantined", "claim_quarantined", "cancel"),
+    ("quarantined", "claim_quarantined", "claim"),
+    ("quarantined", "claim_quarantined", "pause"),
+    ("expiring", "expire", "cancel"),
+    ("expiring", "expire", "claim"),
+    ("expiring", "expire", "workflow_cancel"),
+    # a running attempt: its worker's fenced writes against operators and each other
+    *[("running", "heartbeat", f) for f in FINISHES],
+    ("running", "heartbeat", "cancel"),
+    ("running", "heartbeat", "workflow_cancel"),
+    *[("running", "cancel", f) for f in FINISHES],
+    *[("running", "workflow_cancel", f) for f in FINISHES],
+    ("running", "cancel", "cancel"),
+    # a lapsed lease: the rescuer against the late worker and operators
+    *[("running_lapsed", "rescue", f) for f in FINISHES],
+    ("running_lapsed", "rescue", "heartbeat"),
+    ("running_lapsed", "rescue", "cancel"),
+    ("running_lapsed", "rescue", "rescue"),
+    ("running_lapsed", "rescue", "workflow_cancel"),
+    ("running_lapsed_last_attempt", "rescue", "finish_dead"),
+    # finished jobs: operators bring them back while retention deletes them
+    ("dead_old", "retry", "prune"),
+    ("dead_old", "replay", "prune"),
+    ("dead_old", "retry", "replay"),
+    ("dead_old", "retry", "retry"),
+    ("dead_old", "replay", "replay"),
+    ("dead_old", "retry", "cancel"),
+    ("cancelled_old", "retry", "prune"),
+    ("cancelled_old", "retry", "retry"),
+    ("succeeded_old", "retry", "prune"),
+    ("succeeded_old", "prune", "prune"),
+    # a waiting dependent: its upstream's end releases or cancels it (the trigger)
+    ("waiting", "release", "cancel"),
+    ("waiting", "release", "workflow_cancel"),
+    ("waiting", "release", "expire"),
+    ("waiting", "cascade", "cancel"),
+    ("waiting", "cascade", "workflow_cancel"),
+    ("cascaded_old", "retry_upstream", "prune"),
+    ("cascaded_old", "retry_upstream", "retry"),
+    ("cascaded_old", "retry_upstream", "cancel"),
+]
+
+
+@dataclass
+class Outcome:
+    order: list[str]
+    acked: dict[str, bool] = field(default_factory=dict)
+    blocked: bool = False
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _pid(conn: Conn) -> int:
+    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+    assert row is not None
+    return int(row["pid"])
+
+
+def _waits_on_lock(observer: Conn, pid: int) -> bool:
+    row = observer.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row["wait_event_type"] == "Lock"
+
+
+def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outcome]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
+        world = SETUPS[setup](admin)
+    a_stmt, b_stmt = STATEMENTS[first], STATEMENTS[second]
+    out = Outcome(order=[first, second])
+    with (
+        psycopg.connect(dsn, row_factory=dict_row) as a,
+        psycopg.connect(dsn, row_factory=dict_row) as b,
+        psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as observer,
+    ):
+        a_rows = a_stmt.run(a, world)
+        b_pid = _pid(b)
+        b.commit()
+        result: dict[str, Any] = {}
+
+        def second_statement() -> None:
+            try:
+                result["rows"] = b_stmt.run(b, world)
+            except BaseException as exc:  # reported in the main thread
+                result["error"] = exc
+
+        thread = threading.Thread(target=second_statement, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10.0
+        while thread.is_alive() and not _waits_on_lock(observer, b_pid):
+            assert time.monotonic() < deadline, f"{second} neither finished nor blocked"
+            time.sleep(0.002)
+        out.blocked = thread.is_alive()
+        a.commit()
+        thread.join(10.0)
+        assert not thread.is_alive(), f"{second} still blocked after {first} committed"
+        if "error" in result:
+            raise result["error"]
+        b.commit()
+    out.acked[first] = a_stmt.acked(a_rows, world)
+    out.acked[second] = b_stmt.acked(result["rows"], world)
+    return world, out
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
+    job = conn.execute("SELECT * FROM deadman.jobs WHERE id = %s", (world.job,)).fetchone()
+    acked = [name for name in out.order if out.acked[name]]
+
+    # no acknowledged job vanishes
+    for name in ("retry", "replay"):
+        if name in acked:
+            assert job is not None, f"{name} was acknowledged, then the job vanished"
+
+    # no fenced write lands with a stale token
+    ended = [n for n in out.order if STATEMENTS[n].ends_lease and out.acked[n]]
+    if ended:
+        after = out.order[out.order.index(ended[0]) + 1 :]
+        stale = [n for n in after if STATEMENTS[n].fenced and out.acked[n]]
+        assert not stale, f"{stale} acknowledged with a token {ended[0]} had ended"
+    if world.token is not None:
+        n = conn.execute(
+            "SELECT count(*) AS n FROM deadman.attempts WHERE lease_token = %s", (world.token,)
+        ).fetchone()
+        assert n is not None and n["n"] <= 1, "one lease ended twice"
+
+    # an acknowledged cancel is never followed by a new attempt
+    cancelled = [n for n in acked if n in ("cancel", "workflow_cancel")]
+    revived = [n for n in acked if n in ("retry", "replay")]
+    if (
+        cancelled
+        and job is not None
+        and not (revived and out.order.index(revived[-1]) > out.order.index(cancelled[0]))
+    ):
+        assert job["state"] in ("cancelled", "succeeded", "running"), job["state"]
+        if job["state"] == "succeeded":
+            won = {"finish_succeeded", "finish_in_transaction"} & set(acked)
+            assert won, "succeeded after a cancel, but no attempt in flight succeeded"
+        if job["state"] == "running":
+            assert job["cancel_requested"], "running after a cancel, flag lost"
+            # the attempt in flight when the cancel was acknowledged: no new token
+            claimed = "claim" in acked or "claim_quarantined" in acked
+            if world.token is not None and not claimed:
+                assert job["lease_token"] == world.token, "a new attempt started"
+        _assert_not_claimable(conn, world.job)
+
+    # a pause is honoured by the next claim
+    if "pause" in acked:
+        fresh = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+        _assert_not_claimable(conn, fresh.id)
+        fresh_q = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1, rescues=QUARANTINE_AT)
+        _assert_not_claimable(conn, fresh_q.id)
+
+    _assert_workflow_counters(conn, world)
+    _assert_dependency_counters(conn)
+
+
+def _assert_not_claimable(conn: Conn, job_id: int) -> None:
+    with conn.transaction(force_rollback=True):
+        got = _claim(conn, World(job=job_id)) + _claim_quarantined(conn, World(job=job_id))
+    assert job_id not in _ids(got), "the job could be claimed again"
+
+
+def _assert_workflow_counters(conn: Conn, world: World) -> None:
+    if world.workflow is None:
+        return
+    wf = conn.execute("SELECT * FROM deadman.workflows WHERE id = %s", (world.workflow,)).fetchone()
+    nodes = conn.execute(
+        "SELECT state FROM deadman.jobs WHERE workflow_id = %s", (world.workflow,)
+    ).fetchall()
+    if wf is None:
+        return
+    states = [r["state"] for r in nodes]
+    if len(states) < wf["nodes"]:
+        # pruned nodes: only finished ones may go, and they must have been counted
+        assert wf["unfinished"] == sum(s not in ("succeeded", "dead", "cancelled") for s in states)
+        return
+    assert wf["unfinished"] == sum(s not in ("succeeded", "dead", "cancelled") for s in states)
+    assert wf["failed"] == states.count("dead")
+    assert wf["cancelled"] == states.count("cancelled")
+    assert (wf["state"] == "running") == (wf["unfinished"] > 0)
+
+
+def _assert_dependency_counters(conn: Conn) -> None:
+    rows = conn.execute(
+        """
+        SELECT j.id, j.pending_deps,
+               count(u.id) FILTER (WHERE u.state <> 'succeeded') AS pending,
+               bool_or(u.state IN ('dead', 'cancelled')) AS blocked
+        FROM deadman.jobs j
+        JOIN deadman.job_deps d ON d.job_id = j.id
+        JOIN deadman.jobs u ON u.id = d.depends_on
+        WHERE j.state = 'waiting'
+        GROUP BY j.id, j.pending_deps
+        """
+    ).fetchall()
+    for r in rows:
+        assert r["pending_deps"] == r["pending"], f"job {r['id']} counts wrong"
+        assert not r["blocked"], f"job {r['id']} waits for a job that will never succeed"
+
+
+# ----------------------------------------------------------------------------- tests
+
+CASES = [
+    pytest.param(setup, x, y, id=f"{setup}:{x}>{y}")
+    for setup, p, q in MATRIX
+    for x, y in ({(p, q), (q, p)} if p != q else {(p, q)})
+]
+
+
+@pytest.mark.parametrize(("setup", "first", "second"), CASES)
+def test_race(db_dsn: str, setup: str, first: str, second: str) -> None:
+    world, out = run_case(db_dsn, setup, first, second)
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        check_invariants(conn, world, out)
+
+
+def test_retention_never_deletes_a_job_retry_just_put_back(db_dsn: str) -> None:
+    """Bug 1, spelled out: retry holds the row, the prune waits on it, retry commits
+    (the client got 200), the prune goes on: the job must still be there."""
+    world, out = run_case(db_dsn, "dead_old", "retry", "prune")
+    assert out.blocked, "the prune did not wait on the retry's row lock"
+    assert out.acked == {"retry": True, "prune": False}
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT state FROM deadman.jobs WHERE id = %s", (world.job,)).fetchone()
+    assert row is not None and row["state"] == "queued"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "history"),
+    [("finish_retrying", "failed"), ("finish_released", "released"), ("finish_dead", "failed")],
+)
+def test_a_cancel_acknowledged_while_running_is_never_lost(
+    db_dsn: str, outcome: str, history: str
+) -> None:
+    """Bug 2: the cancel's 202 came first; the attempt then ends without success. The
+    job ends cancelled and no claim takes it again."""
+    world, out = run_case(db_dsn, "running", "cancel", outcome)
+    assert out.acked == {"cancel": True, outcome: True}
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT * FROM deadman.jobs WHERE id = %s", (world.job,)).fetchone()
+        assert row is not None and row["state"] == "cancelled", row
+        assert row["finished_at"] is not None
+        _assert_not_claimable(conn, world.job)
+        rows = conn.execute(
+            "SELECT outcome FROM deadman.attempts WHERE job_id = %s", (world.job,)
+        ).fetchall()
+    assert [r["outcome"] for r in rows] == [history]  # what the attempt itself did
+
+
+def test_a_cancel_cannot_be_left_on_a_job_waiting_in_line(db_dsn: str) -> None:
+    """The constraint behind bug 2: cancel_requested on a job that could be claimed
+    again is a state Postgres refuses to store."""
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        j = insert_job(conn, state="running", queue=QUEUE, cancel_requested=True)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "UPDATE deadman.jobs SET state = 'retrying', lease_token = NULL,"
+                " lease_expires_at = NULL WHERE id = %s",
+                (j.id,),
+            )
+
+
+_WRITES_JOBS = re.compile(
+    r"\b(UPDATE\s+deadman\.jobs|DELETE\s+FROM\s+deadman\.jobs|INSERT\s+INTO\s+deadman\.jobs)\b",
+    re.IGNORECASE,
+)
+#: statements that write deadman.jobs but cannot race an existing row: they create
+#: rows (a new row has no other writer until its transaction commits) or only mark
+#: a dependency (has_dependents, read by the trigger; the matrix's release/cascade
+#: rows run on jobs marked so).
+NOT_RACING_AN_EXISTING_ROW = {
+    "job_insert": "creates the row",
+    "job_insert_staged": "creates the rows",
+    "job_insert_many_returning": "creates the rows",
+    "workflow_insert": "creates the rows",
+    "job_deps_lock": "sets has_dependents only (no state); locks the dependencies",
+}
+
+
+def test_every_state_changing_statement_has_a_row() -> None:
+    writers = {name for name, sql in QUERIES.items() if _WRITES_JOBS.search(sql)}
+    covered = {q for setup, p, r in MATRIX for n in (p, r) for q in STATEMENTS[n].queries}
+    missing = sorted(writers - covered - set(NOT_RACING_AN_EXISTING_ROW))
+    assert not missing, f"statements that change jobs without a row in MATRIX: {missing}"
+    unused = sorted(set(STATEMENTS) - {n for _, p, r in MATRIX for n in (p, r)})
+    assert not unused, f"statements defined but never raced: {unused}"
