@@ -25,6 +25,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx
 import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -47,6 +48,7 @@ from deadman.store import (
     PruneParams,
     RescueParams,
 )
+from tests.integration.test_api_support import client, make_app, serve
 
 T = TypeVar("T")
 QUEUES = ("a", "b")
@@ -301,19 +303,88 @@ class Lifecycle(RuleBasedStateMachine):
             assert counts.get(i, 0) == m.attempts_ended, f"job {i}: attempt history"
 
 
+def _run(machine: type[Lifecycle], examples: int, steps: int) -> None:
+    STEPS.clear()
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    # the machine really ran: every example checked the database after each step
+    assert len(STEPS) >= examples and sum(STEPS) >= examples * 10, STEPS
+
+
 def test_the_store_follows_the_lifecycle_model(db_dsn: str) -> None:
     with asyncio.Runner() as runner:
         Lifecycle.dsn = db_dsn
         Lifecycle.runner = runner
-        run_state_machine_as_test(
-            Lifecycle,
-            settings=settings(
-                max_examples=100,
-                stateful_step_count=40,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow],
-            ),
+        _run(Lifecycle, examples=100, steps=40)
+
+
+class LifecycleOverHttp(Lifecycle):
+    """The slower variant: the operator's steps (submit, cancel, retry, pause/resume)
+    and a read of every job go through the HTTP API on a real server; the worker's
+    steps still use the store, as a worker does. The same model must hold."""
+
+    http: httpx.Client
+
+    @rule(queue=st.sampled_from(QUEUES), max_attempts=st.integers(1, 3))
+    def submit(self, queue: str, max_attempts: int) -> None:
+        r = self.http.post(
+            "/jobs", json={"type": "t", "queue": queue, "max_attempts": max_attempts}
         )
-    # the machine really ran: every example checked the database after each step
-    assert len(STEPS) >= 100 and sum(STEPS) >= 100 * 10, STEPS
+        assert r.status_code == 201, r.text
+        self.jobs[int(r.json()["id"])] = M(queue=queue, max_attempts=max_attempts)
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        m = self.jobs[job_id]
+        r = self.http.post(f"/jobs/{job_id}/cancel")
+        want = 409 if m.state in FINAL else 202 if m.state == "running" else 200
+        assert r.status_code == want, (m.state, r.status_code, r.text)
+        if m.state == "running":
+            m.cancel_requested = True
+        elif m.state not in FINAL:
+            m.state = "cancelled"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        m = self.jobs[job_id]
+        r = self.http.post(f"/jobs/{job_id}/retry")
+        assert r.status_code == (200 if m.state in ("dead", "cancelled") else 409), r.text
+        if r.status_code == 200:
+            assert r.json()["state"] == "queued"
+            m.state, m.attempt, m.rescues, m.cancel_requested = "queued", 0, 0, False
+
+    @rule(queue=st.sampled_from(QUEUES), paused=st.booleans())
+    def pause(self, queue: str, paused: bool) -> None:
+        r = self.http.post(f"/queues/{queue}/{'pause' if paused else 'resume'}")
+        assert r.status_code == 200 and r.json()["paused"] is paused, r.text
+        (self.paused.add if paused else self.paused.discard)(queue)
+
+    @invariant()
+    def the_api_shows_the_model(self) -> None:
+        for i, m in self.jobs.items():
+            body = self.http.get(f"/jobs/{i}").json()
+            assert (body["state"], body["attempt"]) == (m.state, m.attempt), (i, body)
+
+
+def test_the_api_follows_the_lifecycle_model(db_dsn: str) -> None:
+    with (
+        asyncio.Runner() as runner,
+        serve(make_app(db_dsn)) as base_url,
+        client(base_url) as http,
+    ):
+        LifecycleOverHttp.dsn = db_dsn
+        LifecycleOverHttp.runner = runner
+        LifecycleOverHttp.http = http
+        _run(LifecycleOverHttp, examples=25, steps=25)
