@@ -91,6 +91,24 @@ def _reject_constant(name: str) -> Any:
     raise _NotFinite(f"{name} is not valid JSON")
 
 
+class _DuplicateKey(ValueError):
+    """A key twice in one object. RFC 8259 leaves the meaning to the parser: Python
+    keeps the last, others the first, so a proxy or a log could read another job
+    than the one we store (and fingerprint). Refused rather than guessed."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(f"an object has the key {json.dumps(key)} more than once")
+        seen.add(key)
+    raise AssertionError("unreachable: dict() dropped no key")  # pragma: no cover
+
+
 # ------------------------------------------------------------------------ bodies
 
 
@@ -125,7 +143,7 @@ async def read_json(request: Request) -> Any:
     except UnicodeDecodeError as exc:
         raise Problem("malformed-json", f"the body is not UTF-8: {exc.reason}") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object)
     except RecursionError:
         # The C parser gives up on deep nesting before we can measure it: the same
         # answer as for any body nested too deep.
@@ -138,6 +156,8 @@ async def read_json(request: Request) -> Any:
         ) from None
     except _NotFinite as exc:
         raise Problem("malformed-json", f"the body is not valid JSON: {exc}") from None
+    except _DuplicateKey as exc:
+        raise validation([{"field": "body", "message": str(exc)}]) from None
     except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
         raise validation([{"field": "body", "message": str(exc)}]) from None
     problems = check_storable(value)
