@@ -1,29 +1,50 @@
-"""The ``deadman`` command."""
+"""The ``deadman`` command.
+
+Exit codes, for every subcommand (README's CLI section):
+
+- 0: done;
+- 1: not done: no such job, a job in a state the action does not apply to, a refused
+  replay, or an operation that failed (a port in use, a cluster that would not start);
+- 2: usage or configuration error: a bad argument or ``DEADMAN_*`` setting, wrong
+  credentials, a database that does not exist, a schema this code cannot use.
+  Retrying without changing something cannot help (systemd:
+  ``RestartPreventExitStatus=2``);
+- 3: the database is unavailable (an operator command fails at once; a starting
+  worker, rescuer or migrate waits first, up to ``DEADMAN_STARTUP_WAIT_S``).
+  Retrying later may help.
+
+An operational error is one line on stderr (``deadman: ...``), never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import psycopg
 
 from deadman import devdb, logs
 from deadman.config import Settings
-from deadman.errors import ConfigError, DeadmanError
+from deadman.errors import ConfigError, DatabaseUnavailable, DeadmanError
 
 DEVDB_BASE = Path(".deadman") / "pg"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, object] = {}
     if getattr(args, "database_url", None):
         overrides["database_url"] = args.database_url
-    if getattr(args, "concurrency", None):
+    if getattr(args, "concurrency", None) is not None:
         overrides["concurrency"] = args.concurrency
-    if getattr(args, "queues", None):
-        overrides["queues"] = tuple(q.strip() for q in args.queues.split(",") if q.strip())
+    if getattr(args, "queues", None) is not None:
+        overrides["queues"] = args.queues
     return Settings.from_env(None, **overrides)
 
 
@@ -36,12 +57,26 @@ def _dsn(settings: Settings) -> str:
     return settings.database_url
 
 
+def _wait_for_database(settings: Settings, dsn: str, process: str, *, schema: bool) -> bool:
+    """Block until the database (and, with ``schema``, our schema) is there; False if
+    SIGTERM/SIGINT came first. See deadman/db/startup.py."""
+    from deadman.db.startup import StartupWait, wait_for_database
+
+    wait = StartupWait(process, settings.startup_wait_s, schema=schema)
+    return asyncio.run(wait_for_database(dsn, wait))
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from deadman.db.migrate import migrate
 
-    applied = migrate(_dsn(_settings(args)))
+    settings = _settings(args)
+    dsn = _dsn(settings)
+    logs.configure(settings.log_format, settings.log_level)
+    if not _wait_for_database(settings, dsn, "migrate", schema=False):
+        return EXIT_OK
+    applied = migrate(dsn)
     print(f"applied {applied}" if applied else "already up to date")
-    return 0
+    return EXIT_OK
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -57,25 +92,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if args.concurrency:
             passthrough += ["--concurrency", str(args.concurrency)]
         if args.queues:
-            passthrough += ["--queues", args.queues]
+            passthrough += ["--queues", ",".join(args.queues)]
         if args.database_url:
             passthrough += ["--database-url", args.database_url]
         if args.no_rescuer:
             passthrough += ["--no-rescuer"]
         if args.metrics_port:
+            if args.metrics_port + args.processes - 1 > 65535:
+                raise ConfigError("--metrics-port: child i listens on port + i, past 65535")
             passthrough += ["--metrics-port", str(args.metrics_port)]
         return Fleet(args.processes, child_command(passthrough)).run()
 
-    from deadman.db.migrate import check_current
     from deadman.registry import Registry, load_registry
     from deadman.worker.process import Worker
 
-    check_current(dsn)
+    # The handlers first: a typo in --app is an error now, not after an outage.
+    registry: Registry | None = load_registry(args.app) if args.app else None
+    if not _wait_for_database(settings, dsn, "worker", schema=True):
+        return EXIT_OK
     if args.metrics_port:
         from deadman import metrics
 
         metrics.serve(args.metrics_port)
-    registry: Registry | None = load_registry(args.app) if args.app else None
     worker = Worker(dsn, settings, registry, run_rescuer=not args.no_rescuer)
 
     async def main() -> int:
@@ -102,11 +140,11 @@ def cmd_rescuer(args: argparse.Namespace) -> int:
     settings = _settings(args)
     dsn = _dsn(settings)
     logs.configure(settings.log_format, settings.log_level)
-    from deadman.db.migrate import check_current
     from deadman.rescuer import Rescuer
     from deadman.store import AsyncStore
 
-    check_current(dsn)
+    if not _wait_for_database(settings, dsn, "rescuer", schema=True):
+        return EXIT_OK
 
     async def main() -> int:
         import signal
@@ -128,32 +166,51 @@ def cmd_rescuer(args: argparse.Namespace) -> int:
 
 def cmd_devdb(args: argparse.Namespace) -> int:
     base = Path(args.dir)
-    if args.action == "start":
-        print(devdb.ensure_running(base))
-    elif args.action == "stop":
-        devdb.stop(base)
-    elif args.action == "remove":
-        devdb.stop(base, remove=True)
-    else:
-        print(devdb.ensure_running(base))
-    return 0
+    try:
+        if args.action == "stop":
+            devdb.stop(base)
+        elif args.action == "remove":
+            devdb.stop(base, remove=True)
+        else:
+            print(devdb.ensure_running(base))
+    except RuntimeError as exc:  # devdb's errors say what failed and what to do
+        print(f"deadman: devdb {args.action}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from deadman.demo import run_demo
 
-    return run_demo(database_url=args.database_url, devdb_base=Path(args.dir))
+    try:
+        return run_demo(database_url=args.database_url, devdb_base=Path(args.dir))
+    except RuntimeError as exc:  # a private cluster that could not start
+        print(f"deadman: demo: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The HTTP API on uvicorn. Starts even while the database is down (then /ready
-    says 503); SIGTERM/SIGINT stop accepting, let requests in flight finish, close."""
+    says 503 and its pool reconnects in the background: a health check must see the
+    process up), but not with a database it can never use (wrong password, no such
+    database, a newer schema): that is exit 2 at once. SIGTERM/SIGINT stop
+    accepting, let requests in flight finish, close."""
     settings = _settings(args)
     dsn = _dsn(settings)
     logs.configure(settings.log_format, settings.log_level)
     import uvicorn
 
     from deadman.api import create_app
+    from deadman.db.startup import check_once, redact
+
+    not_yet = asyncio.run(check_once(dsn, schema=True))
+    if not_yet is not None:
+        logs.get("deadman.serve").warning(
+            "database_unavailable_at_start",
+            dsn=redact(dsn),
+            reason=not_yet,
+            action="serving anyway; /ready answers 503 until the database is back",
+        )
 
     uvicorn.run(
         create_app(settings, dsn),
@@ -162,7 +219,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,11 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run worker processes")
     db_arg(w)
     w.add_argument("--app", help="pkg.module:registry with your handlers")
-    w.add_argument("--concurrency", type=int, help="handlers at once per process")
-    w.add_argument("--queues", help="comma-separated queue names (default: default)")
-    w.add_argument("--processes", type=int, default=1, help="supervise N processes")
+    w.add_argument("--concurrency", type=integer(1, 10_000), help="handlers at once per process")
+    w.add_argument("--queues", type=queue_names, help="comma-separated queues (default: default)")
+    w.add_argument("--processes", type=integer(1, 1000), default=1, help="supervise N processes")
     w.add_argument("--no-rescuer", action="store_true", help="do not run the rescuer here")
-    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (child i: +i)")
+    w.add_argument(
+        "--metrics-port", type=integer(1, 65535), help="serve Prometheus metrics (child i: +i)"
+    )
     w.set_defaults(func=cmd_worker)
 
     r = sub.add_parser("rescuer", help="run the rescuer standalone")
@@ -207,21 +266,33 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run the HTTP API")
     db_arg(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    sv.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
+    sv.add_argument("--port", type=integer(0, 65535), default=8080, help="port to listen on (8080)")
     sv.set_defaults(func=cmd_serve)
 
     ch = sub.add_parser("chaos", help="kill, pause and restart things under load; verify")
     db_arg(ch)  # default: a private throwaway cluster (the restart scenario needs one)
-    ch.add_argument("--jobs", type=int, default=100_000)
-    ch.add_argument("--workers", type=int, default=4, help="worker processes")
-    ch.add_argument("--concurrency", type=int, help="handlers at once per worker (32)")
-    ch.add_argument("--kill-rate", type=float, default=0.30, help="P(SIGKILL) per worker per tick")
-    ch.add_argument("--kill-interval", type=float, default=2.0, help="seconds per tick")
-    ch.add_argument("--lease-ttl", type=float, default=3.0, help="seconds")
-    ch.add_argument("--seed", type=int, default=1, help="the fault schedule follows from it")
+    ch.add_argument("--jobs", type=integer(1, 10_000_000), default=100_000)
+    ch.add_argument("--workers", type=integer(1, 64), default=4, help="worker processes")
+    ch.add_argument(
+        "--concurrency", type=integer(1, 10_000), help="handlers at once per worker (32)"
+    )
+    ch.add_argument(
+        "--kill-rate", type=number(0, 1), default=0.30, help="P(SIGKILL) per worker per tick"
+    )
+    ch.add_argument(
+        "--kill-interval", type=number(0.01, 3600), default=2.0, help="seconds per tick"
+    )
+    ch.add_argument("--lease-ttl", type=number(0.1, 3600), default=3.0, help="seconds")
+    ch.add_argument(
+        "--seed", type=integer(0, 2**63 - 1), default=1, help="the fault schedule follows from it"
+    )
     ch.add_argument("--submit", choices=["http", "client"], default="http")
-    ch.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
-    ch.add_argument("--handler-ms", type=int, default=20, help="handler sleeps 0..N ms")
+    ch.add_argument(
+        "--timeout", type=number(1, 86400), default=900.0, help="seconds for the whole run"
+    )
+    ch.add_argument(
+        "--handler-ms", type=integer(0, 3_600_000), default=20, help="handler sleeps 0..N ms"
+    )
     ch.add_argument("--keep", action="store_true", help="leave the cluster running, print DSN")
     ch.add_argument("--unsafe-effects", action="store_true", help="negative control")
     for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition"):
@@ -243,11 +314,80 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return chaos_main(args)
 
 
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an ASCII integer from ``low`` to ``high`` (``int()`` would also
+    take '١٢' and 4,000-digit numbers)."""
+
+    def parse(value: str) -> int:
+        text = value.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+            raise argparse.ArgumentTypeError(f"{_shown(value)} is not an integer")
+        n = int(text)
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {n}")
+        return n
+
+    return parse
+
+
+def number(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite decimal number from ``low`` to ``high``."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value) if value.isascii() else math.nan
+        except ValueError:
+            x = math.nan
+        if not math.isfinite(x):
+            raise argparse.ArgumentTypeError(f"{_shown(value)} is not a finite number")
+        if not low <= x <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {x:g}")
+        return x
+
+    return parse
+
+
+def queue_names(value: str) -> tuple[str, ...]:
+    """--queues a,b: at least one name, each a valid queue name."""
+    from deadman.model import QUEUE_RE
+
+    names = tuple(q.strip() for q in value.split(",") if q.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one queue")
+    for name in names:
+        if not QUEUE_RE.fullmatch(name):
+            raise argparse.ArgumentTypeError(
+                f"{_shown(name)}: queue names are 1-128 characters of [A-Za-z0-9_.:-]"
+            )
+    return names
+
+
+def _shown(value: str, width: int = 40) -> str:
+    """A value as an error message may quote it: escaped and cut short."""
+    return repr(value if len(value) <= width else value[:width] + "...")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; turn every operational error into one line and an exit code."""
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
         return code
+    except DatabaseUnavailable as exc:
+        return _error(exc, EXIT_UNAVAILABLE)
     except DeadmanError as exc:
-        print(f"deadman: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc, EXIT_USAGE)
+    except psycopg.OperationalError as exc:  # the database went away after start-up
+        return _error(f"the database is unavailable: {exc}", EXIT_UNAVAILABLE)
+    except OSError as exc:  # a port in use, a file that cannot be written
+        return _error(exc, EXIT_FAILED)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _error(message: object, code: int) -> int:
+    text = " ".join(str(message).split())
+    # A message may quote a value that came in with undecodable bytes.
+    print(f"deadman: {text}".encode("utf-8", "backslashreplace").decode(), file=sys.stderr)
+    return code

@@ -5,7 +5,8 @@ command, run with ``asyncio.run``), so the CLI and the API can never disagree ab
 what a cancel or a replay means. Every command prints a rich table for people or,
 with ``--json``, the API's JSON shapes for scripts. Exit codes: 0 ok, 1 not found or
 conflict (the job does not exist, or is in a state the action does not apply to),
-2 usage or configuration error (``deadman.cli.main`` maps DeadmanError to 2).
+2 usage or configuration error, 3 database unavailable (``deadman.cli`` documents
+them and maps the errors).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from rich.text import Text
 from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.config import Settings
+from deadman.db.startup import require_ready
+from deadman.errors import translate
 from deadman.model import Job, JobState, validate_queue, validate_type
 from deadman.store import AsyncStore, ListParams
 
@@ -47,18 +50,27 @@ def _settings_dsn(args: argparse.Namespace) -> tuple[Settings, str]:
 
 def _run(args: argparse.Namespace, work: Callable[[AsyncStore, Settings], Awaitable[T]]) -> T:
     """Open a small pool, run ``work`` on it, close it. No retries: an operator (or
-    a script) sees a database outage at once, as exit code 2."""
+    a script) sees a database outage at once, as exit code 3 (deadman.cli)."""
     settings, dsn = _settings_dsn(args)
 
     async def main() -> T:
-        store = AsyncStore.create(dsn, min_size=1, max_size=2, retry_s=0, timeout=10.0)
-        await store.open(wait=True, timeout=10.0)
+        store = await _open_store(dsn)
         try:
             return await work(store, settings)
         finally:
             await store.close()
 
     return asyncio.run(main())
+
+
+async def _open_store(dsn: str) -> AsyncStore:
+    """One plain connection first: it fails in milliseconds with the reason (refused,
+    wrong password, no schema) where the pool would retry quietly for its timeout."""
+    await require_ready(dsn)
+    store = AsyncStore.create(dsn, min_size=1, max_size=2, retry_s=0, timeout=10.0)
+    with translate():  # a PoolTimeout if it went away in between: DatabaseUnavailable
+        await store.open(wait=True, timeout=10.0)
+    return store
 
 
 def _console() -> Console:
@@ -445,8 +457,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     settings, dsn = _settings_dsn(args)
 
     async def main() -> int:
-        store = AsyncStore.create(dsn, min_size=1, max_size=2, retry_s=0, timeout=10.0)
-        await store.open(wait=True, timeout=10.0)
+        store = await _open_store(dsn)
         try:
             if args.once:
                 _console().print(await _snapshot(store, settings))

@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from deadman.errors import ConfigError
 from deadman.model import QUEUE_RE
 
 T = TypeVar("T")
+
+#: Upper bounds on durations: past them a value is a typo, and some would overflow
+#: later (a lease in milliseconds is a bigint; a thread wait takes at most ~292 years).
+DAY_S = 24 * 3600.0
+TEN_YEARS_S = 3650 * DAY_S
+#: The shortest period a loop may be given: below it a timer is a busy loop.
+MIN_PERIOD_S = 0.01
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True)
@@ -44,14 +56,20 @@ class Settings:
     pool_size: int = 0  # 0: derived from concurrency
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
+    #: How long a starting worker, rescuer or migrate waits for the database (and its
+    #: schema); None: as long as it takes (see deadman/db/startup.py for why).
+    startup_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            var = "DEADMAN_" + f.name.upper()
             if isinstance(value, float):
-                _require(math.isfinite(value), "DEADMAN_" + f.name.upper(), "must be finite")
-        _require(self.lease_ttl_s > 0, "DEADMAN_LEASE_TTL_S", "must be > 0")
-        _require(self.heartbeat_s > 0, "DEADMAN_HEARTBEAT_S", "must be > 0")
+                _require(math.isfinite(value), var, "must be finite")
+            if isinstance(value, str):
+                _check_text(var, value)
+        _range(self.lease_ttl_s, 2 * MIN_PERIOD_S, DAY_S, "DEADMAN_LEASE_TTL_S")
+        _range(self.heartbeat_s, MIN_PERIOD_S, DAY_S, "DEADMAN_HEARTBEAT_S")
         # A heartbeat must have at least two chances to land before the lease lapses.
         _require(
             self.heartbeat_s * 2 <= self.lease_ttl_s,
@@ -59,37 +77,52 @@ class Settings:
             f"must be at most half of DEADMAN_LEASE_TTL_S ({self.lease_ttl_s}), "
             f"got {self.heartbeat_s}",
         )
-        _require(self.rescue_s > 0, "DEADMAN_RESCUE_S", "must be > 0")
-        _require(self.poll_s > 0, "DEADMAN_POLL_S", "must be > 0")
-        _require(1 <= self.concurrency <= 10_000, "DEADMAN_CONCURRENCY", "must be 1..10000")
+        _range(self.rescue_s, MIN_PERIOD_S, 3600, "DEADMAN_RESCUE_S")
+        _range(self.poll_s, MIN_PERIOD_S, 3600, "DEADMAN_POLL_S")
+        _range(self.concurrency, 1, 10_000, "DEADMAN_CONCURRENCY")
         _require(len(self.queues) > 0, "DEADMAN_QUEUES", "must name at least one queue")
-        _require(1 <= self.max_attempts <= 100, "DEADMAN_MAX_ATTEMPTS", "must be 1..100")
-        _require(0 <= self.max_rescues <= 1000, "DEADMAN_MAX_RESCUES", "must be 0..1000")
-        _require(self.shutdown_grace_s >= 0, "DEADMAN_SHUTDOWN_GRACE_S", "must be >= 0")
-        _require(self.max_payload_bytes > 0, "DEADMAN_MAX_PAYLOAD_BYTES", "must be > 0")
-        _require(
-            self.max_queue_depth is None or self.max_queue_depth > 0,
-            "DEADMAN_MAX_QUEUE_DEPTH",
-            "must be > 0",
-        )
-        _require(self.retention_succeeded_s >= 0, "DEADMAN_RETENTION_SUCCEEDED_S", "must be >= 0")
-        _require(self.retention_failed_s >= 0, "DEADMAN_RETENTION_FAILED_S", "must be >= 0")
+        _require(len(self.queues) <= 1000, "DEADMAN_QUEUES", "must name at most 1000 queues")
+        _range(self.max_attempts, 1, 100, "DEADMAN_MAX_ATTEMPTS")
+        _range(self.max_rescues, 0, 1000, "DEADMAN_MAX_RESCUES")
+        _range(self.shutdown_grace_s, 0, DAY_S, "DEADMAN_SHUTDOWN_GRACE_S")
+        _range(self.max_payload_bytes, 1, 2**30, "DEADMAN_MAX_PAYLOAD_BYTES")
+        if self.max_queue_depth is not None:
+            _range(self.max_queue_depth, 1, 10**12, "DEADMAN_MAX_QUEUE_DEPTH")
+        _range(self.retention_succeeded_s, 0, TEN_YEARS_S, "DEADMAN_RETENTION_SUCCEEDED_S")
+        _range(self.retention_failed_s, 0, TEN_YEARS_S, "DEADMAN_RETENTION_FAILED_S")
         for q in self.queues:
             _require(
                 bool(QUEUE_RE.fullmatch(q)),
                 "DEADMAN_QUEUES",
-                f"has {q!r}; queue names are 1-128 characters of [A-Za-z0-9_.:-]",
+                f"has {_shown(q)}; queue names are 1-128 characters of [A-Za-z0-9_.:-]",
             )
-        _require(self.completer_batch >= 1, "DEADMAN_COMPLETER_BATCH", "must be >= 1")
-        _require(self.completer_flushes >= 1, "DEADMAN_COMPLETER_FLUSHES", "must be >= 1")
-        _require(self.claim_batch >= 0, "DEADMAN_CLAIM_BATCH", "must be >= 0")
-        _require(self.pool_size >= 0, "DEADMAN_POOL_SIZE", "must be >= 0")
+        _range(self.completer_batch, 1, 100_000, "DEADMAN_COMPLETER_BATCH")
+        _range(self.completer_flushes, 1, 64, "DEADMAN_COMPLETER_FLUSHES")
+        _range(self.claim_batch, 0, 10_000, "DEADMAN_CLAIM_BATCH")
+        _range(self.pool_size, 0, 1000, "DEADMAN_POOL_SIZE")
         _require(
             self.log_format in {"auto", "json", "console"},
             "DEADMAN_LOG_FORMAT",
             "must be auto, json or console",
         )
-        _require(self.api_token is None or self.api_token != "", "DEADMAN_API_TOKEN", "is empty")
+        _require(
+            self.log_level.lower() in LOG_LEVELS,
+            "DEADMAN_LOG_LEVEL",
+            f"must be one of {', '.join(LOG_LEVELS)}",
+        )
+        if self.api_token is not None:
+            # Starlette reads headers as latin-1 and clients send ASCII: a token with
+            # anything else in it could never be presented, locking everyone out.
+            _require(self.api_token != "", "DEADMAN_API_TOKEN", "is empty")
+            _require(
+                len(self.api_token) <= 4096 and _TOKEN_RE.fullmatch(self.api_token) is not None,
+                "DEADMAN_API_TOKEN",
+                "must be 1-4096 printable ASCII characters without spaces",
+            )
+        if self.startup_wait_s is not None:
+            _range(self.startup_wait_s, 0, TEN_YEARS_S, "DEADMAN_STARTUP_WAIT_S")
+        if self.database_url is not None:
+            _check_dsn(self.database_url)
 
     @property
     def lease_margin_s(self) -> float:
@@ -113,16 +146,77 @@ class Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
+_TOKEN_RE = re.compile(r"[!-~]+")
+_INT_RE = re.compile(r"[+-]?[0-9]{1,19}")
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:[0-9]{1,19}(?:\.[0-9]{0,19})?|\.[0-9]{1,19})(?:[eE][+-]?[0-9]{1,3})?"
+)
+
+
 def _require(ok: bool, var: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{var} {message}")
 
 
+def _range(value: float, low: float, high: float, var: str) -> None:
+    _require(low <= value <= high, var, f"must be from {low:g} to {high:g}, got {value:g}")
+
+
+def _shown(raw: str, width: int = 40) -> str:
+    """A value as an error message may quote it: escaped (repr) and cut short."""
+    return repr(raw if len(raw) <= width else raw[:width] + "...")
+
+
+def _check_text(var: str, value: str) -> None:
+    # os.environ decodes bytes that are not UTF-8 as lone surrogates
+    # (surrogateescape); they would fail later, deep in psycopg or a log renderer.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{var} is not valid UTF-8 (undecodable bytes)") from None
+    _require(value.isprintable(), var, "contains control characters")
+    _require(len(value) <= 8192, var, "is longer than 8192 characters")
+
+
+def _check_dsn(dsn: str) -> None:
+    """A connection string libpq cannot parse (or with a port that is no port) is a
+    configuration error now, not a connection that fails, and is waited on, later.
+    The message never quotes the value: it may hold a password."""
+    var = "DEADMAN_DATABASE_URL (or --database-url)"
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        why = " ".join(str(exc).split())
+        raise ConfigError(f"{var} is not a valid connection string: {why}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(f"{var} has port {_shown(port)}; a port is 1-65535")
+
+
 def _parse(var: str, raw: str, parser: Callable[[str], object]) -> object:
+    if not raw.isascii() or not raw.isprintable():
+        _check_text(var, raw)  # names undecodable bytes and control characters
     try:
         return parser(raw)
     except ValueError as exc:
-        raise ConfigError(f"{var}={raw!r} is not valid: {exc}") from exc
+        raise ConfigError(f"{var}={_shown(raw)} is not valid: {exc}") from exc
+
+
+def _int(raw: str) -> int:
+    # int() also takes '١٢', '1_000' and 4,000-digit numbers; a setting is ASCII.
+    if not _INT_RE.fullmatch(raw):
+        raise ValueError("not an integer")
+    return int(raw)
+
+
+def _float(raw: str) -> float:
+    # float() also takes 'nan', 'inf', '1e999' (inf) and non-ASCII digits.
+    if not _FLOAT_RE.fullmatch(raw):
+        raise ValueError("not a finite decimal number")
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError("not a finite decimal number")
+    return value
 
 
 def _queues(raw: str) -> tuple[str, ...]:
@@ -133,29 +227,34 @@ def _queues(raw: str) -> tuple[str, ...]:
 
 
 def _opt_int(raw: str) -> int | None:
-    return None if raw.lower() in {"none", "off", "0"} else int(raw)
+    return None if raw.lower() in {"none", "off", "0"} else _int(raw)
+
+
+def _wait_limit(raw: str) -> float | None:
+    return None if raw.lower() == "forever" else _float(raw)
 
 
 _PARSERS: dict[str, Callable[[str], object]] = {
     "database_url": str,
-    "lease_ttl_s": float,
-    "heartbeat_s": float,
-    "rescue_s": float,
-    "poll_s": float,
-    "concurrency": int,
+    "lease_ttl_s": _float,
+    "heartbeat_s": _float,
+    "rescue_s": _float,
+    "poll_s": _float,
+    "concurrency": _int,
     "queues": _queues,
-    "max_attempts": int,
-    "max_rescues": int,
-    "shutdown_grace_s": float,
+    "max_attempts": _int,
+    "max_rescues": _int,
+    "shutdown_grace_s": _float,
     "api_token": str,
-    "max_payload_bytes": int,
+    "max_payload_bytes": _int,
     "max_queue_depth": _opt_int,
-    "retention_succeeded_s": float,
-    "retention_failed_s": float,
-    "completer_batch": int,
-    "completer_flushes": int,
-    "claim_batch": int,
-    "pool_size": int,
+    "retention_succeeded_s": _float,
+    "retention_failed_s": _float,
+    "completer_batch": _int,
+    "completer_flushes": _int,
+    "claim_batch": _int,
+    "pool_size": _int,
     "log_format": str,
     "log_level": str,
+    "startup_wait_s": _wait_limit,
 }

@@ -50,6 +50,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_POOL_SIZE", "8", 8),
     ("DEADMAN_LOG_FORMAT", "json", "json"),
     ("DEADMAN_LOG_LEVEL", "debug", "debug"),
+    ("DEADMAN_STARTUP_WAIT_S", "90", 90.0),
 ]
 
 
@@ -180,3 +181,115 @@ def test_nonsense_retention_is_rejected(var: str, raw: str) -> None:
 def test_invalid_queue_names_are_rejected() -> None:
     with pytest.raises(ConfigError, match="DEADMAN_QUEUES"):
         Settings.from_env({"DEADMAN_QUEUES": "default,bad queue"})
+
+
+# ------------------------------------------------------------- hostile values
+
+
+def test_startup_wait_defaults_to_forever_and_zero_means_one_try() -> None:
+    assert Settings().startup_wait_s is None
+    assert Settings.from_env({"DEADMAN_STARTUP_WAIT_S": "forever"}).startup_wait_s is None
+    assert Settings.from_env({"DEADMAN_STARTUP_WAIT_S": "0"}).startup_wait_s == 0.0
+
+
+def _every_variable() -> list[str]:
+    return ["DEADMAN_" + f.name.upper() for f in dataclasses.fields(Settings)]
+
+
+#: Values no setting accepts (whitespace alone means "the default": compose's VAR=).
+#: os.environ turns bytes that are not UTF-8 into lone surrogates (surrogateescape).
+HOSTILE = ["\udcff", "caf\udce9", "a\x1bb", "tab\there"]
+#: Values a string setting may hold but a number must refuse (Arabic-Indic digits:
+#: int() and float() take them).
+NOT_NUMBERS = ["²", "nan", "NaN", "inf", "-inf", "1e999", "-1e309", "\u0661\u0660", "1_000"]
+NOT_NUMBERS += ["9" * 5000, "0x10", "1e5000", "+-1", "--1", "1.5.5"]
+STRINGS = {
+    "DEADMAN_DATABASE_URL",
+    "DEADMAN_API_TOKEN",
+    "DEADMAN_QUEUES",
+    "DEADMAN_LOG_FORMAT",
+    "DEADMAN_LOG_LEVEL",
+}
+HOSTILE_CASES = [(v, raw) for v in _every_variable() for raw in HOSTILE] + [
+    (v, raw) for v in _every_variable() if v not in STRINGS for raw in NOT_NUMBERS
+]
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"), HOSTILE_CASES, ids=[f"{v}={r[:12]!r}" for v, r in HOSTILE_CASES]
+)
+def test_hostile_values_are_refused_naming_the_variable(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        Settings.from_env({var: raw})
+    message = str(excinfo.value)
+    assert var in message
+    assert len(message) < 300, "an overlong value must not be echoed whole"
+    message.encode("utf-8")  # printable on any terminal: no lone surrogate in it
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("DEADMAN_LEASE_TTL_S", "1e300"),
+        ("DEADMAN_HEARTBEAT_S", "0.000001"),
+        ("DEADMAN_RESCUE_S", "1e-300"),
+        ("DEADMAN_POLL_S", "99999999"),
+        ("DEADMAN_SHUTDOWN_GRACE_S", "1e300"),
+        ("DEADMAN_RETENTION_SUCCEEDED_S", "1e300"),
+        ("DEADMAN_RETENTION_FAILED_S", "1e18"),
+        ("DEADMAN_MAX_PAYLOAD_BYTES", "99999999999999"),
+        ("DEADMAN_MAX_QUEUE_DEPTH", "9223372036854775807"),
+        ("DEADMAN_COMPLETER_BATCH", "9223372036854775807"),
+        ("DEADMAN_COMPLETER_FLUSHES", "100000"),
+        ("DEADMAN_CLAIM_BATCH", "9223372036854775807"),
+        ("DEADMAN_POOL_SIZE", "1000000"),
+        ("DEADMAN_STARTUP_WAIT_S", "-1"),
+        ("DEADMAN_STARTUP_WAIT_S", "1e300"),
+        ("DEADMAN_LOG_LEVEL", "verbose"),
+        ("DEADMAN_API_TOKEN", "tok en"),
+        ("DEADMAN_API_TOKEN", "tökén"),
+        ("DEADMAN_API_TOKEN", "x" * 5000),
+        ("DEADMAN_QUEUES", ",".join(f"q{i}" for i in range(1001))),
+        ("DEADMAN_QUEUES", "mail,\u00e9t\u00e9"),
+        ("DEADMAN_DATABASE_URL", "host=db port=99999"),
+        ("DEADMAN_DATABASE_URL", "postgresql://u@h:0/db"),
+        ("DEADMAN_DATABASE_URL", "host='unterminated"),
+        ("DEADMAN_DATABASE_URL", "not a connection string"),
+        ("DEADMAN_DATABASE_URL", "postgresql://u@h/" + "d" * 9000),
+    ],
+)
+def test_huge_tiny_and_malformed_values_are_refused(var: str, raw: str) -> None:
+    """Accepted before: a lease of 1e300 s overflows the bigint of milliseconds, a
+    1e-300 s tick is a busy loop, an unknown log level crashed `serve` (uvicorn), a
+    token with a space or a non-ASCII letter can never be sent, and a DSN libpq cannot
+    parse failed as a traceback at the first connection."""
+    with pytest.raises(ConfigError) as excinfo:
+        Settings.from_env({var: raw})
+    assert var in str(excinfo.value)
+    assert "secret" not in str(excinfo.value)
+
+
+def test_a_dsn_error_never_quotes_the_password() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        Settings.from_env({"DEADMAN_DATABASE_URL": "postgresql://u:hunter2@h:70000/db"})
+    assert "hunter2" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("raw", ["host=db port=5432,5433 dbname=x", "postgresql://u:p@h:5432/d"])
+def test_valid_dsns_pass(raw: str) -> None:
+    assert Settings.from_env({"DEADMAN_DATABASE_URL": raw}).database_url == raw
+
+
+def test_bounds_at_the_edges_are_accepted() -> None:
+    s = Settings.from_env(
+        {
+            "DEADMAN_LEASE_TTL_S": "86400",
+            "DEADMAN_HEARTBEAT_S": "0.01",
+            "DEADMAN_RESCUE_S": "0.01",
+            "DEADMAN_COMPLETER_BATCH": "100000",
+            "DEADMAN_POOL_SIZE": "1000",
+            "DEADMAN_LOG_LEVEL": "WARNING",
+            "DEADMAN_API_TOKEN": "Abc-._~+/=",
+        }
+    )
+    assert (s.lease_ttl_s, s.heartbeat_s, s.pool_size) == (86400.0, 0.01, 1000)
