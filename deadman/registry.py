@@ -47,7 +47,7 @@ class Registry:
         validate_type(type)
         if type in self._handlers:
             raise ConfigError(f"a handler for {type!r} is already registered")
-        self._handlers[type] = HandlerSpec(type, fn, inspect.iscoroutinefunction(fn))
+        self._handlers[type] = HandlerSpec(type, fn, _is_async(fn))
 
     def get(self, type: str) -> HandlerSpec | None:
         return self._handlers.get(type)
@@ -61,6 +61,14 @@ class Registry:
         for spec in [*self._handlers.values(), *other._handlers.values()]:
             out.register(spec.type, spec.fn)
         return out
+
+
+def _is_async(fn: HandlerFn) -> bool:
+    """``async def``, or an object whose ``__call__`` is one: run on the event loop.
+    (Mistaken for sync, it would run in a thread and return an unawaited coroutine.)"""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (the method, not callable())
+    )
 
 
 def load_registry(spec: str) -> Registry:

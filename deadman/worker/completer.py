@@ -9,6 +9,11 @@ worker's slots move in lockstep (claim all, run all, write all, claim all again)
 and the claim and the write never overlap; with two, one batch is written while
 the next is still running. Concurrent flushes touch disjoint rows and each locks
 its rows in id order, as the heartbeat does, so they cannot deadlock.
+
+One outcome that cannot be written (not transient: a value the database refuses,
+or one psycopg cannot even encode) fails alone: the batch is retried row by row,
+and only that row's submitter gets the error. Nothing a row holds ends the task:
+it is the worker's only way to record outcomes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from deadman import logs, metrics
-from deadman.errors import DatabaseUnavailable, DeadmanError
+from deadman.errors import DatabaseUnavailable
 from deadman.model import JobState
 from deadman.store import AsyncStore, Finish
 
@@ -77,8 +82,8 @@ class Completer:
                     return
 
     async def _reap(self) -> None:
-        """Wait for a flush to end; a flush that raised takes the worker down, as
-        it did when flushes ran inline (``_flush`` handles the database's errors)."""
+        """Wait for a flush to end. ``_flush`` handles every error of its rows, so
+        one that raised anyway is a bug, and takes the worker down."""
         done, _ = await asyncio.wait(self._flushing, return_when=asyncio.FIRST_COMPLETED)
         self._flushing -= done
         for task in done:
@@ -87,20 +92,22 @@ class Completer:
     async def _flush(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> None:
         try:
             done = await self._write([f for f, _, _ in batch])
-        except DeadmanError:
+        except Exception:
             # One bad row must not sink the others' outcomes: write them one by one.
+            # (Exception, not DeadmanError: psycopg raises UnicodeEncodeError for a
+            # lone surrogate before anything reaches the server.)
             done = set()
             for item in batch:
                 try:
                     done |= await self._write([item[0]])
-                except DeadmanError as exc:
+                except Exception as exc:
                     log.error(
                         "completion_not_written",
                         job_id=item[0].id,
                         lease_token=item[0].token,
                         queue=item[1],
                         worker=self._worker_id,
-                        error=str(exc),
+                        error=repr(exc)[:500],  # an encoding error quotes the whole row
                     )
                     if not item[2].done():
                         item[2].set_exception(exc)
@@ -156,5 +163,5 @@ class Completer:
     async def _record(self, refused: list[tuple[int, int]]) -> None:
         try:
             await self._store.lease_refusal_record(self._worker_id, "finish", refused)
-        except DeadmanError as exc:
-            log.warning("refusal_not_recorded", count=len(refused), error=str(exc))
+        except Exception as exc:  # evidence is best effort; the fence already held
+            log.warning("refusal_not_recorded", count=len(refused), error=repr(exc))

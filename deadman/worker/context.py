@@ -15,12 +15,14 @@ from contextlib import (
 )
 from typing import TYPE_CHECKING, Any
 
-from deadman.errors import DeadmanError, LeaseLost
+from psycopg_pool import PoolTimeout
+
+from deadman.errors import DatabaseUnavailable, DeadmanError, LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import AsyncConn, Finish, SyncConn
 
 if TYPE_CHECKING:
-    from psycopg_pool import ConnectionPool
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
     from deadman.store import AsyncStore, SyncStore
 
@@ -38,6 +40,8 @@ class JobContext:
         sync_pool: Callable[[], ConnectionPool[Any]],
         trusted_until: float,
     ) -> None:
+        """``store`` and ``sync_pool``: the handlers' own connections, never the
+        pool the worker's heartbeat, claims and completions use (see process.py)."""
         assert job.lease is not None, "a context is only made for a claimed job"
         self.job = job
         self.job_id = job.id
@@ -145,6 +149,11 @@ class JobContext:
         is raised and the whole transaction (your effect included) rolls back.
         Set ``ctx.result`` inside the block to store a result.
 
+        The connection comes from the worker's handler pool (at most
+        ``min(concurrency, 16)`` connections): when all are in use the handler waits
+        for one, and after 30 s (``HANDLER_POOL_TIMEOUT_S``) gets :class:`DatabaseUnavailable`,
+        which fails the attempt (retried by the job's backoff) like any error.
+
         The database, not this process's clock, decides: the write is attempted even
         when this worker suspects its lease has lapsed, and refused if it has.
         """
@@ -153,7 +162,7 @@ class JobContext:
     @asynccontextmanager
     async def _async_tx(self) -> AsyncIterator[AsyncConn]:
         self._claim_tx()
-        async with self._store.pool.connection() as conn, conn.transaction():
+        async with _async_conn(self._store.pool) as conn, conn.transaction():
             yield conn
             self.finishing = True
             try:
@@ -169,7 +178,7 @@ class JobContext:
     @contextmanager
     def _sync_tx(self) -> Iterator[SyncConn]:
         self._claim_tx()
-        with self._sync_pool().connection() as conn, conn.transaction():
+        with _sync_conn(self._sync_pool()) as conn, conn.transaction():
             yield conn
             self.finishing = True
             try:
@@ -181,6 +190,41 @@ class JobContext:
                 self.mark_lease_lost()
                 raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
         self.completed_in_transaction = True
+
+
+def _no_connection(pool_name: str, max_size: int, timeout: float) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"ctx.transaction(): no database connection free within {timeout:g} s: all"
+        f" {max_size} of the worker's handler connections ({pool_name}) are in use;"
+        " this attempt fails and the job is retried"
+    )
+
+
+@asynccontextmanager
+async def _async_conn(pool: AsyncConnectionPool[AsyncConn]) -> AsyncIterator[AsyncConn]:
+    """pool.connection(), with a pool timeout turned into a clear, retryable error
+    (and only the wait for a connection: an error inside the block stays as it is)."""
+    try:
+        conn = await pool.getconn()
+    except PoolTimeout as exc:
+        raise _no_connection(pool.name, pool.max_size, pool.timeout) from exc
+    try:
+        yield conn
+    finally:
+        await pool.putconn(conn)  # rolls back or discards a connection left unusable
+
+
+@contextmanager
+def _sync_conn(pool: ConnectionPool[Any]) -> Iterator[SyncConn]:
+    """See _async_conn."""
+    try:
+        conn = pool.getconn()
+    except PoolTimeout as exc:
+        raise _no_connection(pool.name, pool.max_size, pool.timeout) from exc
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
 
 
 class FencedTransaction:

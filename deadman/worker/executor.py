@@ -3,11 +3,24 @@
 async handlers run on the event loop; sync handlers in a thread pool. When the
 handler ends, the outcome goes to the completer (batched), unless the handler
 already completed the job inside ``ctx.transaction()``.
+
+Whatever a handler does ends its own attempt and nothing else: an exception of any
+kind (``SystemExit`` and ``KeyboardInterrupt`` included: raised in a task they would
+stop the event loop), a result that is not JSON or that Postgres cannot store (a
+lone surrogate, NUL, NaN, nested deeper than the payload limit allows, bigger than
+``DEADMAN_MAX_PAYLOAD_BYTES``), or a coroutine returned instead of a result. Each
+fails the attempt with an error that says so.
+
+An attempt the worker abandoned (its lease lost or no longer trusted) writes
+nothing, however the handler ends: a success would be a lie (a cooperative handler
+returns early, with a partial result), and a failure would spend one of the job's
+attempts on our connectivity. The lease lapses and the rescuer hands the job on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -20,7 +33,8 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from deadman import logs, metrics
-from deadman.errors import DeadmanError, LeaseLost
+from deadman.api.schema import MAX_DEPTH, check_storable
+from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
 from deadman.store import AsyncStore, Finish, SyncStore
@@ -31,6 +45,21 @@ from deadman.worker.inflight import Abort, Held, Inflight
 log = logs.get("deadman.executor")
 
 MAX_ERROR_CHARS = 8000
+
+
+class HandlerExited(Exception):
+    """A handler raised a BaseException that is not a cancellation (SystemExit,
+    KeyboardInterrupt, GeneratorExit...): its attempt fails like any other; the
+    original is chained as the cause, so the recorded traceback shows it."""
+
+
+def safe_repr(value: object) -> str:
+    """repr() for log lines and error texts; never raises (a handler's exception may
+    define a __repr__ that does)."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object, repr() failed>"
 
 
 class JobLog:
@@ -94,6 +123,7 @@ class Executor:
         *,
         registry: Registry,
         store: AsyncStore,
+        handler_store: AsyncStore,
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],
         completer: Completer,
@@ -102,9 +132,11 @@ class Executor:
         worker_id: str,
         trust_s: float,
         threads: ThreadPoolExecutor,
+        max_result_bytes: int = 1024 * 1024,
     ) -> None:
         self._registry = registry
-        self._store = store
+        self._store = store  # the worker's own statements (refusal evidence)
+        self._handler_store = handler_store  # handlers' ctx.transaction()
         self._sync_store = sync_store
         self._sync_pool = sync_pool
         self._completer = completer
@@ -113,6 +145,7 @@ class Executor:
         self._worker_id = worker_id
         self._trust_s = trust_s
         self._threads = threads
+        self._max_result_bytes = max_result_bytes
         self.tasks: set[asyncio.Task[None]] = set()
         self._debug = log.is_enabled_for(logging.DEBUG)
 
@@ -122,13 +155,19 @@ class Executor:
         ctx = JobContext(
             job,
             worker_id=self._worker_id,
-            store=self._store,
+            store=self._handler_store,
             sync_store=self._sync_store,
             sync_pool=self._sync_pool,
             trusted_until=claimed_at + self._trust_s,
         )
         spec = self._registry.get(job.type)
         held = Held(job=job, ctx=ctx, is_async=spec.is_async if spec else True)
+        if self._inflight.get(job.id) is not None:
+            # We claimed a job we still hold: our old lease lapsed and the job was
+            # handed on (to us). The old attempt is no longer ours; without this its
+            # entry would be overwritten, and nothing would ever tell its handler.
+            log.warning("job_reclaimed_while_held", job_id=job.id, worker=self._worker_id)
+            self.abort(job.id, Abort.LEASE_LOST)
         self._slots.take()
         self._inflight.add(held)
         task = asyncio.create_task(self._run(held, spec), name=f"job-{job.id}")
@@ -198,7 +237,8 @@ class Executor:
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
             else:
-                bound.info("abandoned_handler_returned", error=None if exc is None else repr(exc))
+                error = None if exc is None else safe_repr(exc)
+                bound.info("abandoned_handler_returned", error=error)
 
         fut.add_done_callback(returned)
 
@@ -259,11 +299,22 @@ class Executor:
             held.finishing = True
             try:
                 written = await self._completer.submit(finish, job.queue)
-            except DeadmanError as exc:
-                # Not writable (not transient): the lease will lapse and the rescuer
-                # hands the job on, up to max_rescues.
-                bound.error("job_outcome_not_written", error=str(exc))
-                return
+            except Exception as exc:
+                # Not writable (not transient). A success whose result slipped past
+                # _checked_result is failed instead; anything else is left to lapse,
+                # and the rescuer hands the job on, up to max_rescues.
+                why = _safe_str(exc)[:500]  # an encoding error quotes the whole row
+                bound.error("job_outcome_not_written", error=why)
+                if finish.state is not JobState.SUCCEEDED:
+                    return
+                finish = self._failure(
+                    job, ctx, f"handler result cannot be stored: {why}", AttemptOutcome.FAILED
+                )
+                try:
+                    written = await self._completer.submit(finish, job.queue)
+                except Exception as again:
+                    bound.error("job_outcome_not_written", error=_safe_str(again)[:500])
+                    return
             if written:
                 # debug: at thousands of jobs/s an info line per job is a fifth of the
                 # worker's CPU; metrics count outcomes, warnings log the exceptions
@@ -286,7 +337,9 @@ class Executor:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             bound.debug("job_started")
             if spec.is_async:
-                result = await asyncio.wait_for(spec.fn(job, ctx), timeout)
+                # _guarded: with a timeout, wait_for runs the coroutine in a task of
+                # its own, and a SystemExit escaping a task stops the event loop.
+                result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
                 loop = asyncio.get_running_loop()
                 fut = loop.run_in_executor(self._threads, spec.fn, job, ctx)
@@ -294,8 +347,11 @@ class Executor:
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting
                 # and tell it through ctx.cancelled; whatever it writes later is
                 # refused by the fencing token once the attempt is recorded.
-                result = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                result = await asyncio.wait_for(_guarded(asyncio.shield(fut)), timeout)
         except TimeoutError:
+            if held.abort is Abort.LEASE_LOST:
+                self._abandoned(held, bound)
+                return None
             ctx.request_cancel()
             self._abandon_thread(held, bound)
             bound.warning("job_timed_out", timeout_ms=job.timeout_ms)
@@ -337,7 +393,10 @@ class Executor:
             return None
         except Exception as exc:
             if ctx.completed_in_transaction:
-                bound.warning("handler_raised_after_commit", error=repr(exc))
+                bound.warning("handler_raised_after_commit", error=safe_repr(exc))
+                return None
+            if held.abort is Abort.LEASE_LOST:
+                self._abandoned(held, bound)
                 return None
             # Even when we suspect the lease is gone, report: the fence decides.
             return self._failure(job, ctx, _describe(exc), AttemptOutcome.FAILED)
@@ -345,17 +404,64 @@ class Executor:
             metrics.JOBS_FINISHED.labels(job.queue, "succeeded").inc()
             bound.debug("job_finished", state="succeeded", outcome="succeeded", in_tx=True)
             return None
-        try:
-            encoded = json.dumps(result, allow_nan=False)
-            if "\\u0000" in encoded:
-                raise ValueError("Postgres jsonb cannot hold the NUL character (\\u0000)")
-        except (TypeError, ValueError) as exc:
-            return self._failure(
-                job, ctx, f"handler result is not JSON: {exc}", AttemptOutcome.FAILED
-            )
+        if held.abort is Abort.LEASE_LOST:
+            # A sync handler that saw ctx.cancelled and returned early (or an async one
+            # that swallowed its cancellation): what it returns is not a success.
+            self._abandoned(held, bound, result)
+            return None
+        stored, problem = self._checked_result(result)
+        if problem is not None:
+            return self._failure(job, ctx, problem, AttemptOutcome.FAILED)
         return Finish(
-            job.id, ctx.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=result
+            job.id, ctx.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=stored
         )
+
+    def _abandoned(self, held: Held, bound: Any, result: Any = None) -> None:
+        """The handler ended after we gave its lease up: write nothing (see the module
+        docstring); the lease lapses and the rescuer hands the job on."""
+        _close_awaitable(result)
+        bound.warning("job_abandoned_lease_lost", handler_returned=True)
+
+    def _checked_result(self, result: Any) -> tuple[Any, str | None]:
+        """(the result as it will be stored, None) or (None, why it cannot be).
+
+        The result is encoded and decoded once here, so the completer's batch only
+        ever holds plain JSON values: nothing a handler returns (a tuple hiding a
+        lone surrogate, an object it keeps mutating in another thread) can reach
+        the batch statement and sink the other outcomes in it. Held to the limits
+        of a payload: DEADMAN_MAX_PAYLOAD_BYTES and MAX_DEPTH levels of nesting.
+        """
+        if result is None:
+            return None, None
+        if inspect.isawaitable(result):
+            kind = type(result).__name__
+            _close_awaitable(result)
+            return None, (
+                f"handler result is not JSON: the handler returned a {kind} (a coroutine"
+                " or other awaitable) instead of a result; register an `async def`"
+                " function, or await it inside the handler"
+            )
+        try:
+            encoded = json.dumps(result, ensure_ascii=False)
+        except RecursionError:
+            return None, f"handler result cannot be stored: nested deeper than {MAX_DEPTH} levels"
+        except Exception as exc:
+            return None, f"handler result is not JSON: {_safe_str(exc)}"
+        size = len(encoded.encode("utf-8", "surrogatepass"))
+        if size > self._max_result_bytes:
+            return None, (
+                f"handler result cannot be stored: {size} bytes of JSON, over the limit of"
+                f" {self._max_result_bytes} bytes (DEADMAN_MAX_PAYLOAD_BYTES)"
+            )
+        try:
+            stored = json.loads(encoded)  # NaN comes back as NaN: check_storable names it
+        except Exception as exc:
+            return None, f"handler result is not JSON: {_safe_str(exc)}"
+        problems = check_storable(stored)
+        if problems:
+            text = "; ".join(f"{_result_path(p['field'])}: {p['message']}" for p in problems)
+            return None, f"handler result cannot be stored: {text}"
+        return stored, None
 
     def _failure(self, job: Job, ctx: JobContext, error: str, outcome: AttemptOutcome) -> Finish:
         if job.attempt >= job.max_attempts:
@@ -372,6 +478,38 @@ class Executor:
             )
         except Exception as exc:  # evidence is best effort; the fence already held
             log.warning("refusal_not_recorded", error=repr(exc))
+
+
+async def _guarded(aw: Any) -> Any:
+    """Await a handler; a BaseException that is not a cancellation becomes an
+    ordinary exception (HandlerExited), so it fails the attempt instead of stopping
+    the worker's event loop."""
+    try:
+        return await aw
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise HandlerExited(f"the handler raised {type(exc).__name__}") from exc
+
+
+def _close_awaitable(value: Any) -> None:
+    """Close a coroutine nobody will await (no 'never awaited' warning later)."""
+    if inspect.iscoroutine(value):
+        value.close()
+
+
+def _result_path(field: str) -> str:
+    """check_storable's path (made for a request body) as a path into the result."""
+    if field == "body":
+        return "result"
+    return f"result{field}" if field.startswith("[") else f"result.{field}"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"{type(exc).__name__} (str() failed)"
 
 
 def _describe(exc: BaseException) -> str:

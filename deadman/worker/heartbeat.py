@@ -5,6 +5,15 @@ the job now): the handler is told and, if it is async, cancelled. A lease whose
 renewal could not be confirmed in time (database unreachable, process paused) stops
 being trusted at ``TTL - margin`` after the last confirmed renewal, measured on
 this process's monotonic clock; the database's clock stays the authority.
+
+Trust is checked on a timer of its own, not only after a beat: a renewal that
+keeps failing is retried for a while, and one that blocks (on a row lock, a stalled
+server) does not return at all, and either way the check must still happen before
+the lease lapses. A lease given up is not renewed again, even when connectivity
+comes back while a sync handler's thread runs on: the lease lapses, the rescuer
+hands the job on, and whatever the thread writes late is refused by the fence.
+Nothing a beat meets ends the heartbeat: an unexpected error is logged and the
+next beat tried (trust keeps being checked meanwhile).
 """
 
 from __future__ import annotations
@@ -50,13 +59,33 @@ class Heartbeat:
         self._stop.set()
 
     async def run(self) -> None:
-        while not self._stop.is_set():
-            await self.beat()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_s)
+        watch = asyncio.create_task(self._watch_trust(), name="trust-watch")
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self.beat()
+                except Exception as exc:  # a bug or a refusal we did not foresee
+                    log.error("heartbeat_error", error=repr(exc)[:500])
+                    self.check_trust()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._settings.heartbeat_s)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _watch_trust(self) -> None:
+        """check_trust() every half margin: a lease stops being trusted at TTL - margin
+        after its last confirmed renewal, so this acts at least margin/2 before it
+        lapses, whatever the beat is stuck on."""
+        every = max(self._settings.lease_margin_s / 2, 0.01)
+        while True:
+            await asyncio.sleep(every)
+            self.check_trust()
 
     async def beat(self) -> None:
-        held = self._inflight.all()
+        # Leases already given up are not renewed (see the module docstring).
+        held = [h for h in self._inflight.all() if not h.ctx.lease_lost]
         leases = [(h.job.id, h.token) for h in held]
         sent = time.monotonic()
         try:

@@ -5,6 +5,22 @@ Shutdown (SIGTERM/SIGINT): stop claiming; give in-flight handlers
 ``shutdown_grace_s`` to finish; release the rest back to ``queued`` (fenced, no
 attempt used); flush the completer; deregister; exit 0. A second signal exits at
 once: its leases then lapse and the rescuer hands the jobs on.
+
+Connections, per worker process (the budget README's configuration table gives):
+
+- worker statements: one pool of ``DEADMAN_POOL_SIZE`` (default
+  ``DEADMAN_COMPLETER_FLUSHES + 4``: heartbeat, claim, the completer's flushes, the
+  rescuer, and one spare for refusal evidence and notifies);
+- the listener: 1;
+- handlers' ``ctx.transaction()``: a pool for async handlers and one for sync
+  handlers, each at most ``min(concurrency, 16)`` and opened on first use.
+
+Handlers never take a connection from the worker's own pool: a handler holding a
+transaction for minutes (or a thousand of them) must not make the heartbeat wait
+(measured before the split: 20 handlers in transactions past the trust window left
+the heartbeat without a connection, and every lease untrusted, on a healthy
+database). Above 16, handlers wait for a handler connection; that wait is bounded
+(``HANDLER_POOL_TIMEOUT_S``, then a retryable failure of that attempt).
 """
 
 from __future__ import annotations
@@ -36,6 +52,20 @@ from deadman.worker.producer import Producer
 
 log = logs.get("deadman.worker")
 
+#: Most connections each handler pool (async, sync) opens; above it handlers wait.
+HANDLER_POOL_MAX = 16
+#: Longest a handler waits for a ctx.transaction() connection before its attempt fails.
+HANDLER_POOL_TIMEOUT_S = 30.0
+
+
+def worker_pool_size(settings: Settings) -> int:
+    """Connections for the worker's own statements (see the module docstring)."""
+    return settings.pool_size or settings.completer_flushes + 4
+
+
+def handler_pool_size(settings: Settings) -> int:
+    return max(1, min(settings.concurrency, HANDLER_POOL_MAX))
+
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -61,9 +91,17 @@ class Worker:
         self._signals = 0
         self._sync_pool: ConnectionPool[Any] | None = None
         self._sync_pool_lock = threading.Lock()
-        pool_max = settings.pool_size or min(settings.concurrency, 16) + 4
+        pool_max = worker_pool_size(settings)
         self.store = AsyncStore.create(
-            dsn, min_size=2, max_size=pool_max, timeout=max(1.0, settings.lease_ttl_s / 4)
+            dsn,
+            min_size=min(2, pool_max),
+            max_size=pool_max,
+            timeout=max(1.0, settings.lease_ttl_s / 4),
+        )
+        # Async handlers' ctx.transaction(): a pool of their own (min_size 0: a worker
+        # whose handlers never use it opens no connection for it).
+        self.handler_store = AsyncStore.create(
+            dsn, min_size=0, max_size=handler_pool_size(settings), timeout=HANDLER_POOL_TIMEOUT_S
         )
 
     def _get_sync_pool(self) -> ConnectionPool[Any]:
@@ -72,9 +110,10 @@ class Worker:
             if self._sync_pool is None:
                 self._sync_pool = ConnectionPool(
                     self.dsn,
-                    min_size=1,
-                    max_size=min(self.settings.concurrency, 16),
+                    min_size=0,
+                    max_size=handler_pool_size(self.settings),
                     open=True,
+                    timeout=HANDLER_POOL_TIMEOUT_S,
                     name="deadman-sync",
                 )
             return self._sync_pool
@@ -95,6 +134,7 @@ class Worker:
     async def run(self) -> int:
         s = self.settings
         await self.store.open(wait=True, timeout=30.0)
+        await self.handler_store.open(wait=False)
         inflight = Inflight()
         slots = Slots(s.concurrency)
         threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
@@ -104,6 +144,7 @@ class Worker:
         executor = Executor(
             registry=self.registry,
             store=self.store,
+            handler_store=self.handler_store,
             sync_store=SyncStore(),
             sync_pool=self._get_sync_pool,
             completer=completer,
@@ -112,6 +153,7 @@ class Worker:
             worker_id=self.worker_id,
             trust_s=s.lease_ttl_s - s.lease_margin_s,
             threads=threads,
+            max_result_bytes=s.max_payload_bytes,
         )
         producer = Producer(
             store=self.store,
@@ -193,6 +235,7 @@ class Worker:
         except Exception as exc:
             log.warning("deregister_failed", error=repr(exc))
         await self.store.close()
+        await self.handler_store.close()
         if self._sync_pool is not None:
             self._sync_pool.close()
         threads.shutdown(wait=False, cancel_futures=True)

@@ -105,6 +105,15 @@ class Producer:
                 log.warning("claim_failed", error=str(exc))
                 await self._sleep(min(self._settings.poll_s, 1.0))
                 continue
+            except Exception as exc:
+                # Not the connection: a row we could not read (a job whose backoff
+                # was written by hand, say). Its claim stands; the leases lapse and the
+                # rescuer hands the jobs on, and a job that keeps failing this way is
+                # quarantined and then claimed alone. The producer, and with it every
+                # other job, carries on.
+                log.error("claim_error", error=repr(exc)[:500])
+                await self._sleep(min(self._settings.poll_s, 1.0))
+                continue
             if got:
                 continue
             await self._sleep(await self._idle_wait())

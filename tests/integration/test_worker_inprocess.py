@@ -107,9 +107,10 @@ async def nan_result(job: Job, ctx: JobContext) -> float:
 class WorkerThread:
     """One Worker on its own event loop in a thread; ``stop()`` returns run()'s code."""
 
-    def __init__(self, dsn: str, settings: Settings) -> None:
+    def __init__(self, dsn: str, settings: Settings, handlers: Registry | None = None) -> None:
         self._dsn = dsn
         self._settings = settings
+        self._handlers = registry if handlers is None else handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: Worker | None = None
         self._ready = threading.Event()
@@ -119,7 +120,7 @@ class WorkerThread:
 
     def _main(self) -> None:
         async def main() -> int:
-            self._worker = Worker(self._dsn, self._settings, registry)
+            self._worker = Worker(self._dsn, self._settings, self._handlers)
             self._loop = asyncio.get_running_loop()
             self._ready.set()
             return await self._worker.run()
@@ -157,8 +158,11 @@ class WorkerThread:
 
 
 @contextmanager
-def running_worker(dsn: str, settings: Settings = SETTINGS) -> Iterator[WorkerThread]:
-    w = WorkerThread(dsn, settings)
+def running_worker(
+    dsn: str, settings: Settings = SETTINGS, handlers: Registry | None = None
+) -> Iterator[WorkerThread]:
+    """A started WorkerThread (``handlers``: this module's registry unless given)."""
+    w = WorkerThread(dsn, settings, handlers)
     w.start()
     try:
         yield w

@@ -1,0 +1,440 @@
+"""Hostile input to a real Worker (in this process, real database): handler results
+and errors Postgres cannot store, handlers that raise BaseException or return a
+coroutine, a completion batch with a row that cannot be written, and a sync handler
+that returns after its lease stopped being trusted.
+
+The rule for all of them: a clear error on that one attempt, nothing else. No
+crashed task, no dead worker, no other job's outcome lost, and never a success
+recorded for an attempt the worker abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import DictRow
+
+from deadman.client import Client
+from deadman.db.queries import QUERIES
+from deadman.model import AttemptOutcome, Job, JobState
+from deadman.registry import Registry
+from deadman.store import Finish
+from deadman.worker.completer import Completer
+from deadman.worker.context import JobContext
+from deadman.worker.listener import Listener
+from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
+from tests.helpers import wait_for
+from tests.integration.test_worker_inprocess import SETTINGS, running_worker, wait_terminal
+
+handlers = Registry()
+
+#: one lone surrogate, as os.listdir() gives for a file name that is not UTF-8
+SURROGATE = os.fsdecode(b"caf\xe9")
+
+
+def nested(depth: int, kind: type[list[Any]] | type[tuple[Any, ...]] = list) -> Any:
+    value: Any = kind()
+    for _ in range(depth - 1):
+        value = kind([value])
+    return value
+
+
+class Unprintable:
+    """An object whose __repr__ and __str__ both raise."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+    __str__ = __repr__
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+    __repr__ = __str__
+
+
+async def _later() -> int:
+    return 1
+
+
+#: What each r.* handler returns, made when it runs (a 100,000-level structure kept in
+#: a module global would trip up pytest's own reporting of a failure).
+RESULTS: dict[str, Callable[[], Any]] = {
+    "surrogate": lambda: {"name": SURROGATE},
+    "surrogate-key": lambda: {SURROGATE: 1},
+    "surrogate-in-tuple": lambda: ["ok", (SURROGATE,)],
+    "nul": lambda: "a\x00b",
+    "nan": lambda: math.nan,
+    "inf": lambda: {"x": math.inf},
+    "deep": lambda: nested(100),
+    "very-deep": lambda: nested(100_000),
+    "deep-tuples": lambda: nested(100, tuple),
+    "huge": lambda: "x" * (2 * 1024 * 1024),
+    "set": lambda: {1, 2, 3},
+    "unprintable": Unprintable,
+    "bigint": lambda: 10**5000,
+}
+
+
+def _returning(make: Callable[[], Any]) -> Any:
+    async def handler(job: Job, ctx: JobContext) -> Any:
+        return make()
+
+    return handler
+
+
+for _name, _make in RESULTS.items():
+    handlers.register(f"r.{_name}", _returning(_make))
+
+
+@handlers.handler("r.sync-surrogate")
+def sync_surrogate(job: Job, ctx: JobContext) -> list[str]:
+    return [SURROGATE]
+
+
+@handlers.handler("r.sync-coroutine")
+def sync_coroutine(job: Job, ctx: JobContext) -> Any:
+    return _later()  # registered as sync by mistake: the coroutine is never awaited
+
+
+@handlers.handler("r.ok")
+async def ok(job: Job, ctx: JobContext) -> dict[str, bool]:
+    return {"ok": True}
+
+
+@handlers.handler("e.surrogate")
+async def error_surrogate(job: Job, ctx: JobContext) -> None:
+    raise ValueError(f"cannot open {SURROGATE}")
+
+
+@handlers.handler("e.nul")
+async def error_nul(job: Job, ctx: JobContext) -> None:
+    raise ValueError("a\x00b")
+
+
+@handlers.handler("e.huge")
+async def error_huge(job: Job, ctx: JobContext) -> None:
+    raise ValueError("y" * 5_000_000)
+
+
+@handlers.handler("e.unprintable")
+async def error_unprintable(job: Job, ctx: JobContext) -> None:
+    raise UnprintableError()
+
+
+@handlers.handler("e.unprintable-after-commit")
+async def error_after_commit(job: Job, ctx: JobContext) -> None:
+    async with ctx.transaction() as conn:
+        await conn.execute(
+            QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+        )
+    raise UnprintableError()
+
+
+@handlers.handler("e.system-exit")
+async def system_exit(job: Job, ctx: JobContext) -> None:
+    raise SystemExit(3)
+
+
+@handlers.handler("e.keyboard-interrupt")
+async def keyboard_interrupt(job: Job, ctx: JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@handlers.handler("e.sync-system-exit")
+def sync_system_exit(job: Job, ctx: JobContext) -> None:
+    raise SystemExit(4)
+
+
+@handlers.handler("e.sync-keyboard-interrupt")
+def sync_keyboard_interrupt(job: Job, ctx: JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.fixture
+def client(db_dsn: str) -> Iterator[Client]:
+    with Client(db_dsn, settings=SETTINGS) as c:
+        c.get(0)
+        yield c
+
+
+def run_all(db_dsn: str, client: Client, types: list[str], timeout_kw: dict[str, Any]) -> Any:
+    """Enqueue one job per type (one attempt each, plus a good one), run a worker until
+    all are done, stop it, and return ({type: row}, {type: outcomes}, exit code)."""
+    ids = {t: client.enqueue(t, max_attempts=1, **timeout_kw).id for t in [*types, "r.ok"]}
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        try:
+            wait_terminal(conn, list(ids.values()), timeout=15)
+        finally:
+            code = worker.stop(timeout=30)
+        rows = {t: job_row(conn, i) for t, i in ids.items()}
+        outcomes = {t: [a["outcome"] for a in attempt_rows(conn, i)] for t, i in ids.items()}
+    assert rows["r.ok"]["state"] == "succeeded" and rows["r.ok"]["result"] == {"ok": True}
+    return rows, outcomes, code
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["no-timeout", "timeout"])
+def test_results_postgres_cannot_store_fail_their_attempt_and_nothing_else(
+    db_dsn: str, client: Client, timeout: float | None
+) -> None:
+    types = [f"r.{name}" for name in RESULTS] + ["r.sync-surrogate", "r.sync-coroutine"]
+    rows, outcomes, code = run_all(db_dsn, client, types, {"timeout": timeout})
+    expect = {
+        "r.surrogate": "result.name: contains \\u0000 or an unpaired surrogate",
+        "r.surrogate-key": "contains \\u0000 or an unpaired surrogate",
+        "r.surrogate-in-tuple": "result[1][0]: contains \\u0000 or an unpaired surrogate",
+        "r.sync-surrogate": "result[0]: contains \\u0000 or an unpaired surrogate",
+        "r.nul": "contains \\u0000",
+        "r.nan": "number out of range",
+        "r.inf": "result.x: number out of range",
+        "r.deep": "nested deeper than 64 levels",
+        "r.very-deep": "nested deeper than 64 levels",
+        "r.deep-tuples": "nested deeper than 64 levels",
+        "r.huge": "over the limit of 1048576 bytes",
+        "r.set": "is not JSON serializable",
+        "r.unprintable": "is not JSON serializable",
+        "r.bigint": "is not JSON",
+        "r.sync-coroutine": "returned a coroutine",
+    }
+    for t in types:
+        assert rows[t]["state"] == "dead", (t, rows[t]["last_error"])
+        assert outcomes[t] == ["failed"], t
+        assert rows[t]["result"] is None, t
+        assert rows[t]["last_error"].startswith("handler result"), (t, rows[t]["last_error"])
+        assert expect[t] in rows[t]["last_error"], (t, rows[t]["last_error"])
+        assert len(rows[t]["last_error"]) < 2000, t
+    assert code == 0
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["no-timeout", "timeout"])
+def test_errors_of_every_shape_are_recorded_and_the_worker_survives(
+    db_dsn: str, client: Client, timeout: float | None
+) -> None:
+    types = [
+        "e.surrogate",
+        "e.nul",
+        "e.huge",
+        "e.unprintable",
+        "e.system-exit",
+        "e.keyboard-interrupt",
+        "e.sync-system-exit",
+        "e.sync-keyboard-interrupt",
+    ]
+    rows, outcomes, code = run_all(db_dsn, client, types, {"timeout": timeout})
+    expect = {
+        "e.surrogate": "ValueError: cannot open caf\\udce9",
+        "e.nul": "ValueError: a\\x00b",
+        "e.huge": "ValueError: yyyy",
+        "e.unprintable": "UnprintableError",
+        "e.system-exit": "SystemExit: 3",
+        "e.keyboard-interrupt": "KeyboardInterrupt",
+        "e.sync-system-exit": "SystemExit: 4",
+        "e.sync-keyboard-interrupt": "KeyboardInterrupt",
+    }
+    for t in types:
+        assert rows[t]["state"] == "dead", (t, rows[t]["last_error"])
+        assert outcomes[t] == ["failed"], t
+        assert expect[t] in rows[t]["last_error"], (t, rows[t]["last_error"][:300])
+        assert len(rows[t]["last_error"]) <= 9000, t
+    assert code == 0
+
+
+def test_an_unprintable_error_after_the_transaction_committed_keeps_the_success(
+    db_dsn: str, client: Client
+) -> None:
+    rows, outcomes, code = run_all(db_dsn, client, ["e.unprintable-after-commit"], {})
+    assert rows["e.unprintable-after-commit"]["state"] == "succeeded"
+    assert outcomes["e.unprintable-after-commit"] == ["succeeded"]
+    assert code == 0
+
+
+# ------------------------------------------------------------------ the completer
+
+
+def test_a_row_the_completer_cannot_write_fails_alone(db_dsn: str) -> None:
+    """Defence in depth: a Finish that reaches the completer unchecked (a lone
+    surrogate psycopg cannot encode) must not take the batch or the task down."""
+    with connect(db_dsn) as conn:
+        running = [insert_job(conn, state="running") for _ in range(3)]
+
+    async def main() -> tuple[list[Any], bool, bool]:
+        async with async_store(db_dsn) as store:
+            completer = Completer(store, "factory-worker", batch_max=10, in_flight=1)
+            task = asyncio.create_task(completer.run())
+
+            def finish(i: int, result: Any) -> Finish:
+                job = running[i]
+                assert job.lease_token is not None
+                return Finish(
+                    job.id,
+                    job.lease_token,
+                    JobState.SUCCEEDED,
+                    AttemptOutcome.SUCCEEDED,
+                    result=result,
+                )
+
+            outcomes = await asyncio.gather(
+                completer.submit(finish(0, {"fine": 1}), "default"),
+                completer.submit(finish(1, {"bad": SURROGATE}), "default"),
+                completer.submit(finish(2, {"fine": 2}), "default"),
+                return_exceptions=True,
+            )
+            alive = not task.done()
+            completer.stop()
+            await asyncio.wait_for(task, 10)
+            return list(outcomes), alive, task.exception() is None
+
+    outcomes, alive, clean = run_async(main)
+    assert outcomes[0] is True and outcomes[2] is True
+    assert isinstance(outcomes[1], Exception)
+    assert alive and clean
+    with connect(db_dsn) as conn:
+        states = [job_row(conn, j.id)["state"] for j in running]
+    assert states == ["succeeded", "running", "succeeded"]
+
+
+# ------------------------------------------------------------------ the listener
+
+
+def test_a_listener_callback_that_raises_does_not_end_the_listener(db_dsn: str) -> None:
+    calls: list[int] = []
+
+    def on_cancel(job_id: int) -> None:
+        calls.append(job_id)
+        raise RuntimeError("a bug in a callback")
+
+    async def main() -> None:
+        listener = Listener(db_dsn, ["default"], lambda: None, on_cancel=on_cancel)
+        task = asyncio.create_task(listener.run())
+        await asyncio.wait_for(listener.connected.wait(), 10)
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+            for job_id in (1, 2, 3):
+                await conn.execute("SELECT pg_notify('deadman_cancel', %s)", (str(job_id),))
+        for _ in range(200):  # bounded: 10 s at most
+            if len(calls) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert not task.done()
+        listener.stop()
+        await asyncio.wait_for(task, 10)
+
+    run_async(main)
+    assert calls == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ lease lost (bug 3)
+
+HEARTBEAT_DOWN_SQL = """
+CREATE FUNCTION public.test_heartbeat_down() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- 57P01 (admin_shutdown): to the worker, the database is unavailable
+    RAISE EXCEPTION 'test: heartbeats refused' USING ERRCODE = '57P01';
+END $$;
+CREATE TRIGGER test_heartbeat_down BEFORE UPDATE ON deadman.workers
+    FOR EACH ROW EXECUTE FUNCTION public.test_heartbeat_down();
+"""
+HEARTBEAT_UP_SQL = """
+DROP TRIGGER test_heartbeat_down ON deadman.workers;
+DROP FUNCTION public.test_heartbeat_down();
+"""
+
+_first_attempts: set[tuple[str, int]] = set()
+_first_lock = threading.Lock()
+returned = threading.Event()
+noticed = threading.Event()
+let_go = threading.Event()
+
+
+def _first(job: Job) -> bool:
+    with _first_lock:
+        first = (job.type, job.id) not in _first_attempts
+        _first_attempts.add((job.type, job.id))
+        return first
+
+
+@handlers.handler("l.cooperative")
+def cooperative(job: Job, ctx: JobContext) -> dict[str, bool]:
+    """Like the built-in cpu handler: stops early when told, returns a partial result."""
+    if not _first(job):
+        return {"complete": True}
+    ctx.wait_cancelled(30)
+    returned.set()
+    return {"complete": False}
+
+
+@handlers.handler("l.stubborn")
+def stubborn(job: Job, ctx: JobContext) -> dict[str, bool]:
+    """Notices the lost lease and carries on anyway, until the test lets it go."""
+    if not _first(job):
+        return {"complete": True}
+    for _ in range(600):  # bounded: 30 s at most
+        if ctx.lease_lost:
+            noticed.set()
+        if let_go.wait(0.05):
+            break
+    return {"complete": False}
+
+
+def heartbeat_down(conn: psycopg.Connection[DictRow]) -> None:
+    conn.execute(HEARTBEAT_DOWN_SQL)
+
+
+def test_a_sync_handler_that_returns_after_its_lease_was_abandoned_is_not_a_success(
+    db_dsn: str, client: Client
+) -> None:
+    returned.clear()
+    _first_attempts.clear()
+    job_id = client.enqueue("l.cooperative").id
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        wait_for(lambda: job_row(conn, job_id)["state"] == "running", 5, message="running")
+        heartbeat_down(conn)
+        # renewals fail -> the lease is untrusted (TTL - margin) -> abort -> it returns
+        assert returned.wait(10), "the handler was never told to stop"
+        conn.execute(HEARTBEAT_UP_SQL)  # connectivity is back before the rescuer ran
+        # The abandoned attempt writes nothing; its lease lapses, the rescuer hands the
+        # job on, and the second attempt completes it.
+        wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 15, message="done")
+        assert worker.stop() == 0
+        row = job_row(conn, job_id)
+        attempts = attempt_rows(conn, job_id)
+    assert row["result"] == {"complete": True}
+    assert [a["outcome"] for a in attempts] == ["lease_expired", "succeeded"]
+
+
+def test_an_abandoned_lease_is_not_renewed_while_its_thread_runs_on(
+    db_dsn: str, client: Client
+) -> None:
+    noticed.clear()
+    let_go.clear()
+    _first_attempts.clear()
+    job_id = client.enqueue("l.stubborn").id
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        try:
+            wait_for(lambda: job_row(conn, job_id)["state"] == "running", 5, message="running")
+            heartbeat_down(conn)
+            assert noticed.wait(10), "the lease was never abandoned"
+            conn.execute(HEARTBEAT_UP_SQL)
+            # The thread ignores ctx.cancelled. The worker must still stop renewing
+            # the lease it gave up, so that the rescuer hands the job on.
+            wait_for(
+                lambda: [a["outcome"] for a in attempt_rows(conn, job_id)][:1] == ["lease_expired"],
+                10,
+                message="the abandoned lease to lapse and be rescued",
+            )
+        finally:
+            let_go.set()
+        wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 15, message="done")
+        assert worker.stop() == 0
+        row = job_row(conn, job_id)
+        attempts = attempt_rows(conn, job_id)
+    assert row["result"] == {"complete": True}
+    assert [a["outcome"] for a in attempts] == ["lease_expired", "succeeded"]
