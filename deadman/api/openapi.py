@@ -954,6 +954,60 @@ def _version() -> str:
         return "0"
 
 
+#: OpenAPI links (section 4.8.20): which operation can follow which, with the id it
+#: takes from the response. They document the life of a job for client authors, and
+#: they are what the stateful schemathesis run walks: create -> get -> cancel ->
+#: retry -> get, on real ids, not only on generated ones that name no job.
+#: (path, method, statuses) -> {link name: (operationId, runtime expression)}.
+_JOB_ID = "$response.body#/id"
+_FIRST_JOB_ID = "$response.body#/jobs/0/id"
+_FIRST_NODE_JOB_ID = "$response.body#/nodes/0/job_id"
+LINKS: dict[tuple[str, str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
+    ("/jobs", "post", ("200", "201")): {
+        "GetJob": ("getJob", _JOB_ID),
+        "GetJobAttempts": ("getJobAttempts", _JOB_ID),
+        "CancelJob": ("cancelJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/batch", "post", ("200", "201")): {
+        "GetFirstJob": ("getJob", _FIRST_JOB_ID),
+        "CancelFirstJob": ("cancelJob", _FIRST_JOB_ID),
+    },
+    ("/jobs/{id}", "get", ("200",)): {
+        "CancelJob": ("cancelJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/{id}/cancel", "post", ("200", "202")): {
+        "GetJob": ("getJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/{id}/retry", "post", ("200",)): {
+        "GetJob": ("getJob", _JOB_ID),
+        "CancelJob": ("cancelJob", _JOB_ID),
+    },
+    ("/workflows", "post", ("200", "201")): {
+        "GetWorkflow": ("getWorkflow", _JOB_ID),
+        "CancelWorkflow": ("cancelWorkflow", _JOB_ID),
+        "GetFirstNodeJob": ("getJob", _FIRST_NODE_JOB_ID),
+        "CancelFirstNodeJob": ("cancelJob", _FIRST_NODE_JOB_ID),
+    },
+    ("/workflows/{id}/cancel", "post", ("200", "202")): {
+        "GetWorkflow": ("getWorkflow", _JOB_ID),
+    },
+}
+
+
+def _with_links(paths: dict[str, Any]) -> dict[str, Any]:
+    for (path, method, statuses), links in LINKS.items():
+        for status in statuses:
+            response = paths[path][method]["responses"][status]
+            response["links"] = {
+                name: {"operationId": operation, "parameters": {"path.id": expression}}
+                for name, (operation, expression) in links.items()
+            }
+    return paths
+
+
 def document(settings: Settings) -> dict[str, Any]:
     """The document as this server is configured (auth on or off, the size limit)."""
     secured = settings.api_token is not None
@@ -971,7 +1025,7 @@ def document(settings: Settings) -> dict[str, Any]:
                 else "Authentication is off (DEADMAN_API_TOKEN unset)."
             ),
         },
-        "paths": {**_paths(), **_workflow_paths()},
+        "paths": _with_links({**_paths(), **_workflow_paths()}),
         "components": {
             "schemas": {**_schemas(), **_workflow_schemas()},
             "responses": _shared_responses(settings),

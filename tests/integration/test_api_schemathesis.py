@@ -57,15 +57,14 @@ INEXPRESSIBLE = (
 
 #: Invalid requests must be refused with a 4xx. 413 is among the right answers too: a
 #: batch over 1000 jobs is usually also over the size limit, which is checked first.
-CONFIG = SchemathesisConfig.from_dict(
-    {
-        "checks": {
-            "negative_data_rejection": {
-                "expected-statuses": ["400", "404", "405", "409", "413", "415", "422", "429"]
-            }
+CONFIG_DICT: dict[str, Any] = {
+    "checks": {
+        "negative_data_rejection": {
+            "expected-statuses": ["400", "404", "405", "409", "413", "415", "422", "429"]
         }
     }
-)
+}
+CONFIG = SchemathesisConfig.from_dict(CONFIG_DICT)
 
 
 def _check_accepted(response: Any) -> None:
@@ -121,3 +120,73 @@ def test_api_conforms_to_its_openapi_document(db_dsn: str) -> None:
                     failures.append(f"{tried[-1]}: {exc}")
     assert len(tried) >= 30, tried
     assert not failures, "\n\n".join(failures)
+
+
+#: Steps per scenario and scenarios: a bounded walk (a few seconds).
+STATEFUL_SCENARIOS = 50
+STATEFUL_STEPS = 8
+#: Schema-valid requests only: the stateless run above sends the invalid ones; here
+#: each step must be accepted (bar the inexpressible rules) for the walk to go on.
+STATEFUL_CONFIG = SchemathesisConfig.from_dict({**CONFIG_DICT, "generation": {"mode": "positive"}})
+
+
+def test_api_conforms_along_its_links(db_dsn: str) -> None:
+    """The stateful run: schemathesis follows the document's OpenAPI links (create ->
+    get -> cancel -> retry -> get, batches and workflows to their jobs), so the ids it
+    uses are real ones, in every state an operation can leave a job in. Every
+    response must conform and no step may be a 5xx; the walk must really have
+    read, cancelled and retried jobs it had created."""
+    seen: set[tuple[str, int]] = set()
+    scenarios = 0
+    with serve(make_app(db_dsn, max_payload_bytes=LIMIT)) as base_url:
+        schema = from_url(f"{base_url}/openapi.json", config=STATEFUL_CONFIG)
+        machine: Any = schema.as_state_machine()
+
+        class Walk(machine):  # type: ignore[misc, valid-type]
+            def teardown(self) -> None:
+                # Each scenario starts from an empty queue: what a step draws depends on
+                # earlier answers (a replay or a 409 fills other bundles than a 201),
+                # and hypothesis must see the same answers when it replays a scenario.
+                nonlocal scenarios
+                scenarios += 1
+                with psycopg.connect(db_dsn, autocommit=True) as conn:
+                    for table in ("job_deps", "attempts", "effects", "jobs", "workflows", "queues"):
+                        conn.execute(f"DELETE FROM deadman.{table}")
+
+            def after_call(self, response: Any, case: Any) -> None:
+                super().after_call(response, case)
+                seen.add((case.operation.label, response.status_code))
+
+            def validate_response(
+                self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
+            ) -> None:
+                case.validate_response(
+                    response,
+                    additional_checks=additional_checks,
+                    excluded_checks=[positive_data_acceptance],
+                    transport_kwargs=kwargs or None,
+                )
+                _check_accepted(response)
+
+        Walk.run(
+            settings=settings(
+                max_examples=STATEFUL_SCENARIOS,
+                stateful_step_count=STATEFUL_STEPS,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
+        )
+    assert scenarios >= STATEFUL_SCENARIOS
+    assert not any(status >= 500 for _, status in seen), sorted(seen)
+    # Links were followed: these answers need the id of a job that exists (a 409 from
+    # retry is a live job that is not dead or cancelled, so a real id too).
+    for step in (
+        ("POST /jobs", 201),
+        ("GET /jobs/{id}", 200),
+        ("POST /jobs/{id}/cancel", 200),
+        ("GET /workflows/{id}", 200),
+    ):
+        assert step in seen, (step, sorted(seen))
+    assert {("POST /jobs/{id}/retry", 200), ("POST /jobs/{id}/retry", 409)} & seen, sorted(seen)
