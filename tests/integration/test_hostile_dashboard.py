@@ -62,37 +62,37 @@ def dashboard(db_dsn: str) -> Any:
 
 
 def _is_clear_4xx(r: httpx.Response, statuses: tuple[int, ...]) -> None:
-    assert r.status_code in statuses, (r.status_code, r.text[:300])
+    assert r.status_code in statuses, (str(r.url)[:120], r.status_code, r.text[:300])
     assert "Traceback" not in r.text
     if r.status_code >= 400:
         assert r.headers["content-type"].startswith(("text/html", "application/problem+json"))
 
 
-@pytest.mark.parametrize("value", NOT_IDS, ids=lambda v: v[:24])
-def test_a_before_that_is_no_job_id_is_a_400_page(dashboard: Any, db_dsn: str, value: str) -> None:
+def test_a_before_that_is_no_job_id_is_a_400_page(dashboard: Any, db_dsn: str) -> None:
     """Bug 9: /ui/jobs?before=² and a 5,000-digit before= were 500s."""
     _base, c = dashboard
     before = _snapshot(db_dsn)
-    for page in ("/ui/jobs", "/ui/dead"):
-        r = c.get(f"{page}?before={value}")
-        _is_clear_4xx(r, (400,))
-        assert "before" in r.text
-        r = c.get(f"{page}?state=dead&queue=q&before={value}")
-        _is_clear_4xx(r, (400,))
+    for value in NOT_IDS:
+        for page in ("/ui/jobs", "/ui/dead"):
+            r = c.get(f"{page}?before={value}")
+            _is_clear_4xx(r, (400,))
+            assert "before" in r.text
+            r = c.get(f"{page}?state=dead&queue=q&before={value}")
+            _is_clear_4xx(r, (400,))
     assert _snapshot(db_dsn) == before
 
 
-@pytest.mark.parametrize("value", NOT_IDS, ids=lambda v: v[:24])
 def test_a_path_id_that_is_no_job_id_is_a_404_page_and_changes_nothing(
-    dashboard: Any, db_dsn: str, value: str
+    dashboard: Any, db_dsn: str
 ) -> None:
     """Bug 9: /ui/jobs/² was a 500, and so were its retry and cancel forms."""
     base, c = dashboard
     before = _snapshot(db_dsn)
-    _is_clear_4xx(c.get(f"/ui/jobs/{value}"), (404,))
-    for action in ("retry", "cancel"):
-        r = c.post(f"/ui/jobs/{value}/{action}", headers={"Origin": base})
-        _is_clear_4xx(r, (404,))
+    for value in NOT_IDS:
+        _is_clear_4xx(c.get(f"/ui/jobs/{value}"), (404,))
+        for action in ("retry", "cancel"):
+            r = c.post(f"/ui/jobs/{value}/{action}", headers={"Origin": base})
+            _is_clear_4xx(r, (404,))
     assert _snapshot(db_dsn) == before
 
 
@@ -109,17 +109,17 @@ HOSTILE_TEXT = [
 ]
 
 
-@pytest.mark.parametrize("value", HOSTILE_TEXT, ids=lambda v: v[:24])
-def test_filters_never_break_a_page(dashboard: Any, db_dsn: str, value: str) -> None:
+def test_filters_never_break_a_page(dashboard: Any, db_dsn: str) -> None:
     """state, type and queue are filters: a value that cannot match is ignored (the
     page shows, escaped), never a 500."""
     _base, c = dashboard
     before = _snapshot(db_dsn)
-    for page in ("/ui/", "/ui/jobs", "/ui/dead", "/ui/workers"):
-        for name in ("state", "type", "queue"):
-            r = c.get(f"{page}?{name}={value}")
-            _is_clear_4xx(r, (200,))
-            assert "<script>alert" not in r.text
+    for value in HOSTILE_TEXT:
+        for page in ("/ui/", "/ui/jobs", "/ui/dead", "/ui/workers"):
+            for name in ("state", "type", "queue"):
+                r = c.get(f"{page}?{name}={value}")
+                _is_clear_4xx(r, (200,))
+                assert "<script>alert" not in r.text
     assert _snapshot(db_dsn) == before
 
 
@@ -135,26 +135,25 @@ FORM_BODIES: list[bytes] = [
 ]
 
 
-@pytest.mark.parametrize("body", FORM_BODIES, ids=lambda b: repr(b[:20]))
-def test_bulk_replay_form_refuses_bad_filters(dashboard: Any, db_dsn: str, body: bytes) -> None:
+def test_bulk_replay_form_refuses_bad_filters(dashboard: Any, db_dsn: str) -> None:
+    """A filter the form cannot use is a 422 page that replays nothing (never "no
+    filter", which would replay every dead job)."""
     base, c = dashboard
     before = _snapshot(db_dsn)
     headers = {"Origin": base, "Content-Type": "application/x-www-form-urlencoded"}
-    r = c.post("/ui/dead/replay", content=body, headers=headers)
-    _is_clear_4xx(r, (200, 422))
-    if r.status_code == 200:  # a filter it could read: replayed only what matched
-        assert "replayed 0 dead job(s)" in r.text or "replayed 1 dead job(s)" in r.text
-    else:
-        assert _snapshot(db_dsn) == before
+    for body in FORM_BODIES:
+        r = c.post("/ui/dead/replay", content=body, headers=headers)
+        _is_clear_4xx(r, (422,))
+        assert _snapshot(db_dsn) == before, body
 
 
-@pytest.mark.parametrize("name", ["%C2%B2", "%00", "%ED%A0%80", "x" * 200, "a%20b"])
-def test_pause_form_refuses_bad_queue_names(dashboard: Any, db_dsn: str, name: str) -> None:
+def test_pause_form_refuses_bad_queue_names(dashboard: Any, db_dsn: str) -> None:
     base, c = dashboard
     before = _snapshot(db_dsn)
-    for action in ("pause", "resume", "explode"):
-        r = c.post(f"/ui/queues/{name}/{action}", headers={"Origin": base})
-        _is_clear_4xx(r, (404, 422))
+    for name in ("%C2%B2", "%00", "%ED%A0%80", "x" * 200, "a%20b", "%FF"):
+        for action in ("pause", "resume", "explode"):
+            r = c.post(f"/ui/queues/{name}/{action}", headers={"Origin": base})
+            _is_clear_4xx(r, (404, 422))
     assert _snapshot(db_dsn) == before
 
 
@@ -197,7 +196,9 @@ def test_forms_without_csrf_proof_or_credentials_change_nothing(
         # the sign-in form: a wrong or hostile token is a 401 page, a foreign origin 403
         form = {"Origin": base, "Content-Type": "application/x-www-form-urlencoded"}
         for body in (b"token=wrong", b"token=%00", b"token=%ED%A0%80", b"token=\xff\xfe"):
-            _is_clear_4xx(anonymous.post("/ui/login", content=body, headers=form), (401,))
+            _is_clear_4xx(anonymous.post("/ui/login", content=body, headers=form), (401, 422))
+        for body in (b"token=a&token=" + TOKEN.encode(), b"token=x&admin=1", b"%"):
+            _is_clear_4xx(anonymous.post("/ui/login", content=body, headers=form), (422,))
         r = anonymous.post("/ui/login", data={"token": "x" * 5000}, headers={"Origin": base})
         _is_clear_4xx(r, (401,))
         r = anonymous.post("/ui/login", data={"token": TOKEN}, headers={"Origin": "http://x"})

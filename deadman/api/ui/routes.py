@@ -25,7 +25,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -130,7 +130,10 @@ async def login(request: Request) -> Response:
     if not _same_origin(request):
         return HTMLResponse(login_page("cross-site sign-in refused"), status_code=403)
     token = _token(request)
-    given = (await _form(request)).get("token", "")
+    try:
+        given = (await _form(request, frozenset({"token"}))).get("token", "")
+    except PageError as exc:
+        return HTMLResponse(login_page(exc.message), status_code=exc.status)
     if token is None:
         return RedirectResponse("/ui/", status_code=303)
     if not hmac.compare_digest(
@@ -152,10 +155,21 @@ async def login(request: Request) -> Response:
 # --------------------------------------------------------------------------- helpers
 
 
-async def _form(request: Request) -> dict[str, str]:
-    """A urlencoded form body (the body size limit of the app applies)."""
-    body = (await request.body()).decode("utf-8", "replace")
-    return {k: v[-1] for k, v in parse_qs(body, keep_blank_values=True).items()}
+async def _form(request: Request, fields: frozenset[str]) -> dict[str, str]:
+    """A urlencoded form body of ``fields``, each at most once (the app's body size
+    limit applies). Anything else is a 422 page, never read as a form with fewer
+    fields: for the bulk replay, a form without filters means every dead job."""
+    try:
+        body = (await request.body()).decode("utf-8")
+        pairs = parse_qsl(body, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise PageError(422, "bad form", "the form is not UTF-8") from None
+    form: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in fields or name in form:
+            raise PageError(422, "bad form", f"unexpected field {_shorten(name)!r} in the form")
+        form[name] = value
+    return form
 
 
 def _html(title: str, body: Safe, status: int = 200) -> HTMLResponse:
@@ -519,7 +533,7 @@ async def cancel(request: Request) -> Response:
 
 @guarded
 async def replay_bulk(request: Request) -> Response:
-    form = await _form(request)
+    form = await _form(request, frozenset({"type", "queue"}))
     try:
         type_ = validate_type(form["type"]) if form.get("type") else None
         queue = validate_queue(form["queue"]) if form.get("queue") else None
