@@ -493,10 +493,6 @@ FROM pg_current_snapshot() AS s;
 SELECT lease_token, job_id, attempt, worker, started_at, finished_at, outcome, error
 FROM deadman.attempts WHERE job_id = %(id)s ORDER BY lease_token;
 
--- name: job_count_by_state
-SELECT state, count(*) AS n FROM deadman.jobs
-WHERE id = ANY(%(ids)s::bigint[]) GROUP BY state;
-
 -- name: job_get_many
 SELECT * FROM deadman.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
 
