@@ -178,6 +178,9 @@ def test_forms_without_csrf_proof_or_credentials_change_nothing(
         {"Referer": "http://evil.example/ui/"},
         {"Origin": base.replace("127.0.0.1", "127.0.0.1.evil.example")},
         {"Origin": "%ED%A0%80"},
+        {"Origin": "http://["},  # urlsplit raises ValueError on these
+        {"Referer": "http://[::1/ui/"},
+        {"Origin": "//[x]"},
     ]
     for path in posts:
         for headers in bad_origins:
@@ -201,8 +204,9 @@ def test_forms_without_csrf_proof_or_credentials_change_nothing(
             _is_clear_4xx(anonymous.post("/ui/login", content=body, headers=form), (422,))
         r = anonymous.post("/ui/login", data={"token": "x" * 5000}, headers={"Origin": base})
         _is_clear_4xx(r, (401,))
-        r = anonymous.post("/ui/login", data={"token": TOKEN}, headers={"Origin": "http://x"})
-        _is_clear_4xx(r, (403,))
+        for origin in ("http://x", "http://[", "//[x]"):
+            r = anonymous.post("/ui/login", data={"token": TOKEN}, headers={"Origin": origin})
+            _is_clear_4xx(r, (403,))
     assert _snapshot(db_dsn) == before
 
 

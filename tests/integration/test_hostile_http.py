@@ -10,6 +10,7 @@ or a new kind of nasty value is one more row, not one more test.
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 from collections.abc import Iterator
@@ -585,3 +586,44 @@ def test_any_text_in_any_path_or_query_parameter_is_a_4xx_problem(sweep: _Sweep)
 
     run()
     assert sweep.sent >= 100
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.sampled_from(["\x00", "\ud800", "\udfff\ud800", "\u00b2", "\ufeff"]),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def test_any_json_payload_is_stored_or_refused_with_a_4xx(sweep: _Sweep) -> None:
+    """Hypothesis: any JSON value (NaN, Infinity, 400-digit integers, NUL, lone
+    surrogates, BOMs, as payload, as a field of the job, or as the whole body) on
+    every creating route is a 201 or a 400/422 problem, never a 500."""
+
+    @given(
+        route=st.sampled_from(BODY_ROUTES),
+        value=_JSON_VALUES,
+        where=st.sampled_from(["payload", "max_attempts", "queue", "depends_on", "body"]),
+    )
+    @settings(max_examples=120, deadline=None, database=None, derandomize=True)
+    def run(route: str, value: Any, where: str) -> None:
+        text = json.dumps(value, allow_nan=True).encode()
+        job = text if where == "body" else _job(b', "' + where.encode() + b'": ' + text)
+        sweep.check(
+            f"json {where}",
+            "POST",
+            route,
+            (400, 422),
+            content=_as_body(route, job) if where != "body" else text,
+            headers=JSON_HEADERS,
+            valid_ok=True,
+        )
+
+    run()

@@ -91,7 +91,11 @@ def _same_origin(request: Request) -> bool:
     source = request.headers.get("origin") or request.headers.get("referer")
     if not source or source == "null":
         return False
-    return urlsplit(source).netloc.lower() == request.headers.get("host", "").lower()
+    try:
+        netloc = urlsplit(source).netloc
+    except ValueError:  # "http://[" and the like: no origin at all, so not ours
+        return False
+    return netloc.lower() == request.headers.get("host", "").lower()
 
 
 class PageError(Exception):
