@@ -9,6 +9,11 @@
 3. writes one row to ``deadman.effects`` inside ``ctx.transaction()``: the effect
    commits exactly when the fenced completion does, or not at all.
 
+``chaos-flaky`` (payload ``{"ms": int, "p": float}``) is the same, but after its sleep
+an attempt fails with probability ``p``, reproducibly from (job id, attempt) as the
+built-in ``flaky``: the operators scenario's source of dead letters to replay, and
+of attempts that end 'retrying' while a cancel lands on them.
+
 With ``DEADMAN_CHAOS_UNSAFE=1`` (``deadman chaos --unsafe-effects``) step 3 writes the
 effect in autocommit outside the job's transaction and lets the completer finish the
 job afterwards, as a careless handler would. That is the negative control: a worker
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from importlib import resources
 from typing import Any, LiteralString
 
@@ -100,6 +106,20 @@ async def _unsafe_effect(job: Job, ctx: JobContext) -> None:
 
 @registry.handler("chaos-effect")
 async def chaos_effect(job: Job, ctx: JobContext) -> dict[str, Any] | None:
+    return await _effect(job, ctx, fail_p=0.0)
+
+
+class ChaosFailure(Exception):
+    """Raised by ``chaos-flaky`` on the attempts its draw says fail."""
+
+
+@registry.handler("chaos-flaky")
+async def chaos_flaky(job: Job, ctx: JobContext) -> dict[str, Any] | None:
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    return await _effect(job, ctx, fail_p=float(payload.get("p", 0.5)))
+
+
+async def _effect(job: Job, ctx: JobContext, fail_p: float) -> dict[str, Any] | None:
     payload = job.payload if isinstance(job.payload, dict) else {}
     ms = int(payload.get("ms", 0))
     await _autocommit(
@@ -108,6 +128,9 @@ async def chaos_effect(job: Job, ctx: JobContext) -> dict[str, Any] | None:
     )
     if ms > 0:
         await asyncio.sleep(ms / 1000)
+    # Reproducible from (job id, attempt), as the built-in ``flaky``.
+    if fail_p > 0 and random.Random(f"{job.id}:{job.attempt}").random() < fail_p:
+        raise ChaosFailure(f"chaos-flaky: attempt {job.attempt} failed (p={fail_p})")
     if os.environ.get(UNSAFE_ENV) == "1":
         await _unsafe_effect(job, ctx)
         return {"effect": "unsafe", "lease_token": ctx.lease_token}

@@ -45,14 +45,31 @@ from deadman.chaos.app import UNSAFE_ENV
 from deadman.chaos.faults import EPISODES, Applied, FaultPlan, Tick
 from deadman.chaos.http import BATCH, ApiServer, HttpSubmitter
 from deadman.chaos.netns import Partition
+from deadman.chaos.operators import (
+    RETENTION_MS,
+    OperatorsConfig,
+    OperatorsPhase,
+    Outcome,
+    scaled_jobs,
+)
 from deadman.chaos.scenarios import Context, Db
 from deadman.chaos.submit import JOB_BACKOFF, JOB_MAX_ATTEMPTS, SubmitRun, Submitter
 from deadman.chaos.verify import Check, database_checks, figures, sql_text
+from deadman.chaos.verify_ops import sql_text as verify_ops_sql
 from deadman.chaos.workers import WorkerPool, children_of, vm_hwm_kib
 from deadman.db.migrate import migrate
 from deadman.errors import DeadmanError
 
-SCENARIOS = ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition", "submit-faults")
+SCENARIOS = (
+    "kill",
+    "zombie",
+    "pg-restart",
+    "conn-kill",
+    "outrun",
+    "partition",
+    "submit-faults",
+    "operators",
+)
 #: Injection stops once this share of the jobs has succeeded (and the episodes ran):
 #: the rest of the run shows the fleet draining on its own.
 STOP_INJECTING_AT = 0.9
@@ -222,9 +239,16 @@ class Run:
             # here, not the OS, and a process crash loses nothing the OS has been
             # handed. synchronous_commit stays on.
             self.cluster = devdb.throwaway(prefix="deadman-chaos-")
-            with psycopg.connect(self.cluster.dsn(), autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("chaos")))
-            dsn = self.cluster.dsn("chaos")
+            return self._create_database("chaos")
+        return self._migrated(dsn)
+
+    def _create_database(self, name: str) -> str:
+        assert self.cluster is not None
+        with psycopg.connect(self.cluster.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self._migrated(self.cluster.dsn(name))
+
+    def _migrated(self, dsn: str) -> str:
         migrate(dsn)
         if not Db(dsn).value("database_is_empty"):
             raise DeadmanError(
@@ -249,15 +273,109 @@ class Run:
     # -- the run ---------------------------------------------------------------------
 
     def execute(self) -> int:
-        """Run, verify, report; the cluster and namespace go away whatever happens."""
+        """Run, verify, report; the cluster and namespace go away whatever happens.
+        The operators scenario runs after the others, in a database of its own."""
+        self.log_dir = Path(tempfile.mkdtemp(prefix="deadman-chaos-logs-"))
         try:
-            return self._execute(self._database())
+            report: dict[str, Any] | None = None
+            if self.opts.scenarios - {"operators"}:
+                report = self._execute(self._database())
+            if "operators" in self.opts.scenarios:
+                report = self._operators(report)
+            assert report is not None
+            return self._finish(report)
         finally:
             self._cleanup()
 
-    def _execute(self, dsn: str) -> int:
+    def _finish(self, report: dict[str, Any]) -> int:
         o = self.opts
-        self.log_dir = Path(tempfile.mkdtemp(prefix="deadman-chaos-logs-"))
+        passed = all(c["passed"] for c in report["checks"])
+        report["verdict"] = "PASS" if passed else "FAIL"
+        if "operators" in report:
+            n_ok = sum(1 for c in report["checks"] if c["passed"])
+            print(
+                f"verdict (every scenario): {report['verdict']} ({n_ok}/"
+                f"{len(report['checks'])} checks passed) in {round(self.clock(), 1)} s"
+            )
+        if o.report is not None:
+            o.report.parent.mkdir(parents=True, exist_ok=True)
+            o.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
+            print(f"report written to {o.report}")
+        if o.keep and self.cluster is not None and "operators" in report:
+            print(f"operators database kept: psql '{self.cluster.dsn('chaos_operators')}'")
+        if passed and not o.keep:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+        else:
+            print(f"worker logs kept in {self.log_dir}")
+        return 0 if passed else 1
+
+    def _operators(self, report: dict[str, Any] | None) -> dict[str, Any]:
+        """Run the operators scenario; its checks join the report's."""
+        o = self.opts
+        alone = report is None
+        if report is None:
+            report = {"options": {"seed": o.seed, "scenarios": sorted(o.scenarios)}, "checks": []}
+            self.started = time.monotonic()
+        dsn = self._operators_database(alone)
+        if dsn is None:
+            report["operators"] = {
+                "skipped": "needs the private cluster (with --database-url "
+                "the operators scenario runs alone: a database per run)"
+            }
+            print(f"operators: {report['operators']['skipped']}")
+            return report
+        began = time.monotonic()
+        cfg = OperatorsConfig(
+            jobs=scaled_jobs(o.jobs, alone),
+            workers=o.workers,
+            kill_rate=o.kill_rate,
+            kill_interval=o.kill_interval,
+            seed=o.seed,
+            handler_ms=o.handler_ms,
+            timeout=o.timeout,
+            worker_env=o.worker_env(),
+        )
+        print(
+            f"\noperators under fire: {cfg.jobs} jobs and {cfg.workflows} workflows, "
+            f"{o.workers} workers, kill-rate {o.kill_rate} per {o.kill_interval} s, "
+            f"retention {RETENTION_MS} ms",
+            flush=True,
+        )
+        out = OperatorsPhase(cfg, dsn, self.log_dir, lambda: time.monotonic() - began).run()
+        self.applied += out.applied
+        report["operators"] = {**out.report, "verifier_sql": verify_ops_sql()}
+        report["checks"] = report["checks"] + [c.to_json() for c in out.checks]
+        print(self._operators_text(out))
+        return report
+
+    def _operators_text(self, out: Outcome) -> str:
+        r = out.report
+        lines = [
+            "operators figures (from verify_ops.sql):",
+            *(
+                f"  {name:<19} " + ", ".join(f"{k} {v}" for k, v in row.items())
+                for name, row in r["figures"].items()
+            ),
+            f"  actions          {r['actions']}",
+            f"  journal          {r['journal']}",
+            f"  fleet            {r['fleet']['spawns']} worker starts, "
+            f"{r['fleet']['sigkills']} SIGKILLs; submitted in {r['submit_s']} s, drained at "
+            f"{r['drained_s']} s, phase {r['wall_s']} s",
+            *(f"  e.g. {name}: {row}" for name, rows in r["examples"].items() for row in rows[:3]),
+            "operators checks:",
+            *(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in out.checks),
+        ]
+        return "\n".join(lines)
+
+    def _operators_database(self, alone: bool) -> str | None:
+        if self.opts.database_url:
+            return self._database() if alone else None
+        if self.cluster is None:
+            self.cluster = devdb.throwaway(prefix="deadman-chaos-")
+        return self._create_database("chaos_operators")
+
+    def _execute(self, dsn: str) -> dict[str, Any]:
+        o = self.opts
         log_dir = self.log_dir
         plan = FaultPlan(
             o.seed, o.workers, o.kill_rate, "kill" in o.scenarios, "conn-kill" in o.scenarios
@@ -316,12 +434,7 @@ class Run:
                 self.api_exit = self.api.exit_code()
                 self.api.stop()
         self._sample_postgres_rss()
-        code = self._verify(dsn, submitter, runner, pool)
-        if code == 0 and not self.opts.keep:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-        else:
-            print(f"worker logs kept in {self.log_dir}")
-        return code
+        return self._verify(dsn, submitter, runner, pool)
 
     def _submitter(self, dsn: str, log_dir: Path, deadline: float) -> AnySubmitter:
         o = self.opts
@@ -400,22 +513,14 @@ class Run:
             protected = {s.index for s in pool.slots if s.stopped} | (
                 set(self.ctx.protected) if self.ctx else set()
             )
-            live = pool.pids()
-            registered: set[int] = set()
-            if tick.kills and not (self.ctx and self.ctx.quiet.is_set()):
-                rows = db.rows("registered_pids", {"pids": sorted(live.values())})
-                registered = {int(r["pid"]) for r in rows}
-            for slot in tick.kills:
-                if slot in protected or (self.ctx and self.ctx.quiet.is_set()):
-                    self.obs.kills_withheld += 1
-                    continue
-                if live.get(slot) not in registered:
-                    # still booting: holds no lease, a kill would prove nothing
-                    self.obs.kills_withheld += 1
-                    continue
-                pid = pool.kill(slot)
-                if pid is not None:
-                    self.applied.append(Applied(self.clock(), "sigkill", f"w{slot}", {"pid": pid}))
+            if self.ctx and self.ctx.quiet.is_set():
+                self.obs.kills_withheld += len(tick.kills)
+            else:
+                applied, withheld = scenarios.kill_workers(
+                    pool, db, tick.kills, protected, self.clock
+                )
+                self.applied += applied
+                self.obs.kills_withheld += withheld
             pool.reap()  # refill at once: capacity stays
         if tick.conn_kills:
             names = {f"deadman-chaos-w{s}" for s in protected}
@@ -462,7 +567,7 @@ class Run:
 
     def _verify(
         self, dsn: str, submitter: AnySubmitter, runner: EpisodeRunner, pool: WorkerPool
-    ) -> int:
+    ) -> dict[str, Any]:
         o = self.opts
         # Runs that kill things mid-handler must show duplicate executions; a Postgres
         # restart alone may or may not catch a handler between its two writes.
@@ -474,11 +579,7 @@ class Run:
         elapsed = self.clock()
         report = self._report_json(f, checks, submitter, runner, pool, passed, elapsed, dsn)
         print(self._report_text(report))
-        if o.report is not None:
-            o.report.parent.mkdir(parents=True, exist_ok=True)
-            o.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
-            print(f"report written to {o.report}")
-        return 0 if passed else 1
+        return report
 
     def _harness_checks(
         self,
@@ -575,7 +676,8 @@ class Run:
         return checks
 
     def _cap(self) -> int:
-        return self.api.depth_cap if self.api is not None else self.opts.jobs
+        cap = self.api.depth_cap if self.api is not None else None
+        return self.opts.jobs if cap is None else cap
 
     def _http_checks(self, sub: HttpSubmitter, pool: WorkerPool) -> list[Check]:
         o, obs = self.opts, self.obs
@@ -589,7 +691,7 @@ class Run:
         ]
         if "outrun" in o.scenarios:
             # Rescued jobs go back to queued on their own, past the cap's check.
-            bound = self.api.depth_cap + BATCH + o.workers * o.concurrency
+            bound = self._cap() + BATCH + o.workers * o.concurrency
             checks.append(
                 Check(
                     "outrun (http): a full queue answered 429, depth stayed near the cap",

@@ -49,12 +49,13 @@ def _free_port() -> int:
 
 
 class ApiServer:
-    """``deadman serve`` on a free 127.0.0.1 port, owned by the harness."""
+    """``deadman serve`` on a free 127.0.0.1 port, owned by the harness; ``depth_cap``
+    None: no DEADMAN_MAX_QUEUE_DEPTH."""
 
-    def __init__(self, dsn: str, log_dir: Path, depth_cap: int) -> None:
+    def __init__(self, dsn: str, log_dir: Path, depth_cap: int | None, name: str = "api") -> None:
         self.dsn = dsn
         self.port = _free_port()
-        self.log_path = log_dir / "api.log"
+        self.log_path = log_dir / f"{name}.log"
         self.depth_cap = depth_cap
         self.proc: subprocess.Popen[bytes] | None = None
         self.peak_rss_kib = 0
@@ -63,7 +64,7 @@ class ApiServer:
         env = dict(
             os.environ,
             DEADMAN_DATABASE_URL=make_conninfo(self.dsn, application_name="deadman-chaos-api"),
-            DEADMAN_MAX_QUEUE_DEPTH=str(self.depth_cap),
+            DEADMAN_MAX_QUEUE_DEPTH="off" if self.depth_cap is None else str(self.depth_cap),
             DEADMAN_LOG_LEVEL="warning",
             DEADMAN_LOG_FORMAT="json",
         )
@@ -113,6 +114,60 @@ class _Timeout(Exception):
     """The client stopped waiting for the answer on purpose."""
 
 
+class ApiClient:
+    """One keep-alive connection to the harness's API server (reopened after any
+    trouble), counting the statuses it got. Not thread-safe: one per thread."""
+
+    def __init__(self, port: int, timeout: float = 60.0) -> None:
+        self.port = port
+        self.timeout = timeout
+        self.statuses: dict[int, int] = {}
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        give_up_after: float | None = None,
+    ) -> tuple[int, dict[str, str], Any]:
+        """(status, lower-cased headers, parsed JSON body or None). OSError and
+        HTTPException propagate; ``give_up_after`` seconds without an answer raise
+        _Timeout (the request itself was sent whole)."""
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        conn = self._conn
+        try:
+            conn.request(
+                method, path, body, {"Content-Type": "application/json", **(headers or {})}
+            )
+            if give_up_after is not None and conn.sock is not None:
+                conn.sock.settimeout(give_up_after)
+            resp = conn.getresponse()
+            data = resp.read()
+        except TimeoutError as exc:
+            self.close()
+            raise _Timeout() from exc
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        if give_up_after is not None and conn.sock is not None:
+            conn.sock.settimeout(self.timeout)
+        self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
+        hdrs = {k.lower(): v for k, v in resp.getheaders()}
+        try:
+            parsed = json.loads(data) if data else None
+        except ValueError:
+            parsed = None
+        return resp.status, hdrs, parsed
+
+
 class HttpSubmitter(SubmitterBase):
     """Submits every job through the API; same interface as the client Submitter."""
 
@@ -128,48 +183,19 @@ class HttpSubmitter(SubmitterBase):
         self.api = api
         self.job_fields = job_fields
         self.faults = faults
-        self.statuses: dict[int, int] = {}
+        self.client = ApiClient(api.port)
+        self.statuses = self.client.statuses
         self.client_timeouts = 0
         self.duplicates_sent = 0
         self.replays_ok = 0
         self.replays_wrong: list[str] = []
-        self._conn: http.client.HTTPConnection | None = None
 
     # -- HTTP ------------------------------------------------------------------------
-
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection("127.0.0.1", self.api.port, timeout=60)
-        return self._conn
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
     def _post(
         self, path: str, body: bytes, headers: dict[str, str], give_up_after: float | None = None
     ) -> tuple[int, dict[str, str], Any]:
-        conn = self._connection()
-        try:
-            conn.request("POST", path, body, {"Content-Type": "application/json", **headers})
-            if give_up_after is not None and conn.sock is not None:
-                conn.sock.settimeout(give_up_after)
-            resp = conn.getresponse()
-            data = resp.read()
-        except TimeoutError as exc:
-            self._drop()
-            raise _Timeout() from exc
-        except (OSError, http.client.HTTPException):
-            self._drop()
-            raise
-        self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
-        hdrs = {k.lower(): v for k, v in resp.getheaders()}
-        try:
-            parsed = json.loads(data) if data else None
-        except ValueError:
-            parsed = None
-        return resp.status, hdrs, parsed
+        return self.client.request("POST", path, body, headers, give_up_after)
 
     def _send_until_acked(self, body: bytes) -> tuple[int, dict[str, str], Any]:
         """Send until 201/200; 429 and 503 wait (Retry-After), other trouble resends."""
@@ -223,7 +249,7 @@ class HttpSubmitter(SubmitterBase):
         except Exception as exc:
             self.error = repr(exc)
         finally:
-            self._drop()
+            self.client.close()
             self.duration_s = time.monotonic() - started
             self.finished.set()
 

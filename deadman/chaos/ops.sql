@@ -88,3 +88,73 @@ SELECT now() AS now;
 -- How many of these worker processes sent a heartbeat after a moment (the restart).
 SELECT count(*) AS beat FROM deadman.workers
 WHERE pid = ANY(%(pids)s) AND last_heartbeat_at > %(since)s;
+
+-- ===== The operators scenario (deadman/chaos/operators.py) =====
+
+-- name: operators_instrument
+-- Installed in the scenario's own database before the run. Retention deletes jobs
+-- (their attempts go with them, ON DELETE CASCADE) and workflows: each deleted row
+-- is first copied into chaos.pruned_<table>, as it was when deleted, so the verifier
+-- can tell a job deleted after it finished from one deleted while it was queued or
+-- running (what a prune racing a retry does), and still sees every attempt. An AFTER
+-- DELETE row trigger sees the version the DELETE removed: the newest one, also when
+-- the DELETE waited on a row lock. chaos.acks receives, at verification, every
+-- operator action the harness saw acknowledged.
+CREATE SCHEMA chaos;
+CREATE TABLE chaos.pruned_jobs (LIKE deadman.jobs, deleted_at timestamptz NOT NULL);
+CREATE TABLE chaos.pruned_attempts (LIKE deadman.attempts, deleted_at timestamptz NOT NULL);
+CREATE TABLE chaos.pruned_workflows (LIKE deadman.workflows, deleted_at timestamptz NOT NULL);
+CREATE INDEX ON chaos.pruned_jobs (id);
+CREATE INDEX ON chaos.pruned_attempts (job_id);
+CREATE FUNCTION chaos.keep_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('INSERT INTO chaos.%I SELECT ($1).*, clock_timestamp()',
+                   'pruned_' || TG_TABLE_NAME)
+    USING OLD;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.jobs
+    FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
+CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.attempts
+    FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
+CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.workflows
+    FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
+-- seq: the order the harness sent the actions in (one operator, one at a time).
+-- db_lo/db_hi: the database clock read just before the request and just after its
+-- acknowledgement, so lo <= the action's commit <= hi. acked = false: a retry or
+-- resume that got no answer; it may have committed, so it still ends a cancel's or
+-- a pause's window (never a false alarm), but nobody was promised anything.
+CREATE TABLE chaos.acks (
+    seq       bigint PRIMARY KEY,
+    kind      text   NOT NULL CHECK (kind IN ('cancel', 'retry', 'pause', 'resume')),
+    acked     boolean NOT NULL,
+    via       text   NOT NULL,
+    job_id    bigint,
+    queue     text,
+    state     text,
+    token     bigint,
+    db_lo     timestamptz NOT NULL,
+    db_hi     timestamptz,
+    at_s      double precision NOT NULL
+);
+CREATE INDEX ON chaos.acks (job_id, seq);
+
+-- name: operators_acks_copy
+-- The journal, at verification: the columns of verify_ops.Ack, in its field order.
+COPY chaos.acks (seq, kind, acked, via, job_id, queue, state, token, db_lo, db_hi, at_s)
+FROM STDIN;
+
+-- name: operators_unfinished
+-- The operators scenario drains until no job and no workflow is unfinished.
+SELECT (SELECT count(*) FROM deadman.jobs
+        WHERE state NOT IN ('succeeded', 'dead', 'cancelled')) AS jobs,
+       (SELECT count(*) FROM deadman.workflows WHERE state = 'running') AS workflows,
+       (SELECT count(*) FROM deadman.jobs WHERE state = 'running') AS running,
+       (SELECT count(*) FROM deadman.jobs WHERE state = 'dead') AS dead;
+
+-- name: operators_analyze
+-- Fresh statistics before the verifier's joins (chaos.acks was loaded just now).
+ANALYZE chaos.acks, chaos.pruned_jobs, chaos.pruned_attempts, chaos.pruned_workflows,
+        deadman.jobs, deadman.attempts, deadman.effects, deadman.chaos_invocations;

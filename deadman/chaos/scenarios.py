@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
@@ -89,6 +89,34 @@ class Context:
                 return None
             self.stop.wait(interval)
         return None
+
+
+def kill_workers(
+    pool: WorkerPool,
+    db: Db,
+    slots: Sequence[int],
+    spared: set[int],
+    clock: Callable[[], float],
+) -> tuple[list[Applied], int]:
+    """SIGKILL the workers of these slots (the caller holds the pool's lock), except
+    the spared ones and any still booting: a worker that has not registered holds no
+    lease, and killing it proves nothing. Returns the kills applied and the number
+    withheld."""
+    if not slots:
+        return [], 0
+    live = pool.pids()
+    rows = db.rows("registered_pids", {"pids": sorted(live.values())})
+    registered = {int(r["pid"]) for r in rows}
+    applied: list[Applied] = []
+    withheld = 0
+    for slot in slots:
+        if slot in spared or live.get(slot) not in registered:
+            withheld += 1
+            continue
+        pid = pool.kill(slot)
+        if pid is not None:
+            applied.append(Applied(clock(), "sigkill", f"w{slot}", {"pid": pid}))
+    return applied, withheld
 
 
 def fleet_up(ctx: Context, timeout: float = 60.0) -> bool:

@@ -33,10 +33,16 @@ class Check:
 
 def figures(dsn: str, prefix: str, acked: int) -> dict[str, dict[str, int]]:
     """Every verifier query's single row, by query name."""
-    params = {"prefix": prefix, "acked": acked}
+    return run_queries(dsn, QUERIES, {"prefix": prefix, "acked": acked})
+
+
+def run_queries(
+    dsn: str, queries: dict[str, LiteralString], params: dict[str, Any]
+) -> dict[str, dict[str, int]]:
+    """Run named queries of one row of counts each; {query name: {column: count}}."""
     out: dict[str, dict[str, int]] = {}
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        for name, query in QUERIES.items():
+        for name, query in queries.items():
             row = conn.execute(query, params).fetchone()
             assert row is not None, f"verifier query {name} returned no row"
             out[name] = {k: int(v or 0) for k, v in row.items()}
