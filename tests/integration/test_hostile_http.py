@@ -542,14 +542,19 @@ def test_protocol_level_garbage_never_reaches_a_500(db_dsn: str) -> None:
         b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
         b"GET /jobs HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
         b"GET /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\r\n\r\n",
+        # a Host that urlsplit cannot parse ("Invalid IPv6 URL")
+        b"GET /nope HTTP/1.1\r\nHost: [\r\n\r\n",
+        b"PUT /jobs HTTP/1.1\r\nHost: [::1\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\n\r\n",
+        b"POST /ui/login HTTP/1.1\r\nHost: [\r\nOrigin: http://[\r\nContent-Length: 0\r\n\r\n",
     ]
     with serve(make_app(db_dsn, api_token=TOKEN)) as base:
         before = _db_snapshot(db_dsn)
         for raw in requests:
             # close after the answer, so reading to the end takes no keep-alive timeout
-            answer = _raw_request(
-                base, raw.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
-            )
+            head, _, body = raw.partition(b"\r\n\r\n")
+            answer = _raw_request(base, head + b"\r\nConnection: close\r\n\r\n" + body)
             status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
             assert 400 <= status < 500, (raw[:60], answer[:200])
         with client(base) as c:
