@@ -14,7 +14,9 @@ import asyncio
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -25,9 +27,11 @@ from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import Registry
-from deadman.store import Finish
+from deadman.store import ClaimParams, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
+from deadman.worker.executor import Executor, Slots
+from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
 from tests.helpers import wait_for
@@ -384,6 +388,62 @@ def stubborn(job: Job, ctx: JobContext) -> dict[str, bool]:
     return {"complete": False}
 
 
+def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
+    """Bug 3 at the executor, deterministically: the worker gives the lease up
+    (Abort.LEASE_LOST, as the trust check does), the cooperative sync handler returns
+    its partial result, and the fence would accept a write (the lease is still valid
+    in the database). Nothing may be written: the rescuer hands the job on later."""
+    returned.clear()
+    _first_attempts.clear()
+    with connect(db_dsn) as conn:
+        job_id = insert_job(conn, type="l.cooperative").id
+
+    async def main() -> None:
+        async with async_store(db_dsn) as store:
+            completer = Completer(store, "w1")
+            completer_task = asyncio.create_task(completer.run())
+            inflight = Inflight()
+            with ThreadPoolExecutor(max_workers=2) as threads:
+                executor = Executor(
+                    registry=handlers,
+                    store=store,
+                    handler_store=store,
+                    sync_store=SyncStore(),
+                    sync_pool=_no_sync_pool,
+                    completer=completer,
+                    inflight=inflight,
+                    slots=Slots(2),
+                    worker_id="w1",
+                    trust_s=60.0,
+                    threads=threads,
+                )
+                sent = time.monotonic()
+                (job,) = await store.job_claim(
+                    ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
+                )
+                executor.start(job, sent)
+                for _ in range(200):  # bounded: 10 s at most
+                    held = inflight.get(job_id)
+                    if held is not None and held.thread is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                executor.abort(job_id, Abort.LEASE_LOST)
+                await asyncio.wait(executor.tasks, timeout=10)
+            completer.stop()
+            await asyncio.wait_for(completer_task, 10)
+
+    run_async(main)
+    assert returned.is_set(), "the handler did not return"
+    with connect(db_dsn) as conn:
+        row = job_row(conn, job_id)
+        assert (row["state"], row["result"]) == ("running", None)
+        assert attempt_rows(conn, job_id) == []
+
+
+def _no_sync_pool() -> Any:
+    raise AssertionError("not used here")
+
+
 def heartbeat_down(conn: psycopg.Connection[DictRow]) -> None:
     conn.execute(HEARTBEAT_DOWN_SQL)
 
@@ -438,3 +498,25 @@ def test_an_abandoned_lease_is_not_renewed_while_its_thread_runs_on(
         attempts = attempt_rows(conn, job_id)
     assert row["result"] == {"complete": True}
     assert [a["outcome"] for a in attempts] == ["lease_expired", "succeeded"]
+
+
+# ------------------------------------------------------------------ odd rows
+
+
+def test_a_job_row_the_worker_cannot_read_does_not_stop_it(db_dsn: str, client: Client) -> None:
+    """A backoff written by hand (no API or Client would accept it) makes the claimed
+    row unreadable. The producer logs it and goes on; the job's lease lapses and, as a
+    suspected poison pill, it ends dead after max_rescues; other jobs keep running."""
+    with connect(db_dsn) as conn:
+        bad = insert_job(conn, type="r.ok").id
+        conn.execute("UPDATE deadman.jobs SET backoff = '\"bogus\"' WHERE id = %s", (bad,))
+        settings = SETTINGS.with_(max_rescues=1)
+        with running_worker(db_dsn, settings, handlers=handlers) as worker:
+            try:
+                wait_for(lambda: job_row(conn, bad)["state"] == "dead", 15, message="dead")
+                good = client.enqueue("r.ok").id
+                wait_for(lambda: job_row(conn, good)["state"] == "succeeded", 10, message="ok")
+            finally:
+                code = worker.stop()
+        assert [a["outcome"] for a in attempt_rows(conn, bad)] == ["lease_expired"] * 2
+    assert code == 0
