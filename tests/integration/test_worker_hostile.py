@@ -22,12 +22,14 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
+from deadman.errors import DatabaseUnavailable
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import Registry
-from deadman.store import ClaimParams, Finish, SyncStore
+from deadman.store import AsyncStore, ClaimParams, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
 from deadman.worker.executor import Executor, Slots
@@ -520,3 +522,63 @@ def test_a_job_row_the_worker_cannot_read_does_not_stop_it(db_dsn: str, client: 
                 code = worker.stop()
         assert [a["outcome"] for a in attempt_rows(conn, bad)] == ["lease_expired"] * 2
     assert code == 0
+
+
+# ------------------------------------------------------------------ handler pools
+
+
+def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
+    """All handler connections taken: ctx.transaction() waits up to the pool's timeout,
+    then raises DatabaseUnavailable saying so (an ordinary failure of the attempt,
+    retried by the job's backoff), for async and sync handlers alike."""
+    with connect(db_dsn) as conn:
+        for _ in range(2):
+            insert_job(conn)
+
+    async def main() -> list[str]:
+        messages: list[str] = []
+        async with async_store(db_dsn) as worker_store:
+            jobs = await worker_store.job_claim(
+                ClaimParams(queue="default", worker="w1", limit=2, ttl_ms=60_000)
+            )
+            handler_store = AsyncStore.create(db_dsn, min_size=0, max_size=1, timeout=0.2)
+            await handler_store.open(wait=False)
+            sync_pool: ConnectionPool[Any] = ConnectionPool(
+                db_dsn, min_size=0, max_size=1, timeout=0.2, open=True
+            )
+            try:
+                taken = await handler_store.pool.getconn()
+                taken_sync = sync_pool.getconn()
+
+                def ctx_for(job: Job) -> JobContext:
+                    return JobContext(
+                        job,
+                        worker_id="w1",
+                        store=handler_store,
+                        sync_store=SyncStore(),
+                        sync_pool=lambda: sync_pool,
+                        trusted_until=time.monotonic() + 60,
+                    )
+
+                with pytest.raises(DatabaseUnavailable) as async_err:
+                    async with ctx_for(jobs[0]).transaction():
+                        pass
+
+                def sync_handler() -> None:
+                    with ctx_for(jobs[1]).transaction():
+                        pass
+
+                with pytest.raises(DatabaseUnavailable) as sync_err:
+                    await asyncio.to_thread(sync_handler)
+                messages += [str(async_err.value), str(sync_err.value)]
+                await handler_store.pool.putconn(taken)
+                sync_pool.putconn(taken_sync)
+            finally:
+                await handler_store.close()
+                sync_pool.close()
+        return messages
+
+    for message in run_async(main):
+        assert "ctx.transaction(): no database connection free within 0.2 s" in message
+        assert "all 1 of the worker's handler connections" in message
+        assert "retried" in message
