@@ -33,11 +33,23 @@ SMALL = [
 ]  # fmt: skip
 
 
-def chaos(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+#: ``deadman chaos`` with the operators scenario alone. The CLI's scenario flags are
+#: defined in deadman/cli.py; this selects the scenario on the parsed arguments, so it
+#: works whether or not that file lists ``--operators`` yet.
+OPERATORS_ALONE = (
+    "import sys; from deadman.cli import build_parser; from deadman.chaos.harness import main; "
+    "args = build_parser().parse_args(['chaos', *sys.argv[1:]]); args.operators = True; "
+    "sys.exit(main(args))"
+)
+
+
+def chaos(
+    tmp_path: Path, *args: str, entry: tuple[str, ...] = ("-m", "deadman", "chaos")
+) -> tuple[int, dict[str, Any], str]:
     """Run ``deadman chaos`` and return (exit code, JSON report, printed output)."""
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "deadman", "chaos", *args, "--report", str(report)],
+        [sys.executable, *entry, *args, "--report", str(report)],
         cwd=REPO,
         # worker logs of a failing (or negative-control) run stay under tmp_path
         env={**os.environ, "TMPDIR": str(tmp_path)},
@@ -140,3 +152,31 @@ def test_reduced_run_of_every_scenario_over_http(tmp_path: Path) -> None:
     assert partition.get("ok") or "skipped" in partition, partition
     f = report["figures"]
     assert f["effects"]["exactly_once"] == 5000 and f["effects"]["doubled_jobs"] == 0
+
+
+@pytest.mark.slow
+def test_operators_under_fire_lose_no_acknowledged_retry_and_honour_every_cancel(
+    tmp_path: Path,
+) -> None:
+    """The operators scenario alone, small: cancels (queued, running, whole workflows),
+    retries, bulk replays, pauses and one-second retention while workers are
+    SIGKILLed. Every action must really have happened, and every rule of
+    verify_ops.sql held (tests/chaos/test_verify_ops.py shows each one can fail).
+    Its own cluster: the scenario instruments the database with triggers."""
+    code, report, out = chaos(
+        tmp_path, "--jobs", "1500", *SMALL, "--seed", "2", entry=("-c", OPERATORS_ALONE),
+    )  # fmt: skip
+    assert code == 0, f"{failed(report)}\n{out[-3000:]}"
+    ops = report["operators"]
+    f = ops["figures"]
+    assert f["ops_retries"]["acknowledged"] > 0 and f["ops_retries"]["by_bulk_replay"] > 0
+    assert f["ops_retries"]["pruned_later"] > 0  # retention really raced the retries
+    fence = f["ops_cancel_fence"]
+    assert fence["of_running_with_token"] > 0 and fence["by_workflow_cancel"] > 0
+    assert fence["acknowledged"] > fence["of_running_with_token"]  # queued ones too
+    assert f["ops_paused"]["pauses"] > 0
+    assert f["ops_submissions"]["pruned"] > 0 and f["ops_final"]["workflows"] > 0
+    assert f["ops_final"]["dead"] > 0  # dead letters to replay existed
+    assert ops["fleet"]["sigkills"] > 0 and f["ops_effects"]["rescues"] > 0
+    assert all(c["passed"] for c in report["checks"])
+    assert report["verdict"] == "PASS"
