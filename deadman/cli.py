@@ -80,9 +80,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from deadman.registry import Registry, load_registry
+
     settings = _settings(args)
     dsn = _dsn(settings)
+    if args.metrics_port and args.metrics_port + args.processes - 1 > 65535:
+        raise ConfigError("--metrics-port: fleet child i listens on port + i, past 65535")
+    # The handlers first, in the supervisor too: a typo in --app is one error now,
+    # not N children failing and being restarted forever.
+    registry: Registry | None = load_registry(args.app) if args.app else None
     logs.configure(settings.log_format, settings.log_level)
+    # A fleet waits once, before it starts children, and a database it can never use
+    # (wrong password, newer schema) is exit 2 here instead of a restart loop.
+    if not _wait_for_database(settings, dsn, "worker", schema=True):
+        return EXIT_OK
     if args.processes > 1:
         from deadman.worker.fleet import Fleet, child_command
 
@@ -98,18 +109,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if args.no_rescuer:
             passthrough += ["--no-rescuer"]
         if args.metrics_port:
-            if args.metrics_port + args.processes - 1 > 65535:
-                raise ConfigError("--metrics-port: child i listens on port + i, past 65535")
             passthrough += ["--metrics-port", str(args.metrics_port)]
         return Fleet(args.processes, child_command(passthrough)).run()
 
-    from deadman.registry import Registry, load_registry
     from deadman.worker.process import Worker
 
-    # The handlers first: a typo in --app is an error now, not after an outage.
-    registry: Registry | None = load_registry(args.app) if args.app else None
-    if not _wait_for_database(settings, dsn, "worker", schema=True):
-        return EXIT_OK
     if args.metrics_port:
         from deadman import metrics
 
@@ -182,8 +186,9 @@ def cmd_devdb(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from deadman.demo import run_demo
 
+    settings = _settings(args)  # a bad DEADMAN_* or --database-url: exit 2 before anything
     try:
-        return run_demo(database_url=args.database_url, devdb_base=Path(args.dir))
+        return run_demo(database_url=settings.database_url, devdb_base=Path(args.dir))
     except RuntimeError as exc:  # a private cluster that could not start
         print(f"deadman: demo: {exc}", file=sys.stderr)
         return EXIT_FAILED

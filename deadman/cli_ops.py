@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.config import Settings
 from deadman.db.startup import require_ready
-from deadman.errors import translate
+from deadman.errors import InvalidJob, translate
 from deadman.model import Job, JobState, validate_queue, validate_type
 from deadman.store import AsyncStore, ListParams
 
@@ -114,20 +115,39 @@ def _short(text: str | None, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+#: Ids are bigints; a larger number is a typo to report, not a query to send.
+MAX_ID = 2**63 - 1
+
+
 def _job_id(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"job id must be an integer, not {value!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError("job id must be positive")
+    # isdigit() alone is true for '²', which int() refuses, and int() takes '١٢'
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        raise argparse.ArgumentTypeError(f"job id must be a positive integer, not {_shown(value)}")
+    n = int(value)
+    if not 1 <= n <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"job id must be from 1 to {MAX_ID}")
     return n
 
 
 def _limit(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 1000:
+    if not (value.isascii() and value.isdigit() and len(value) <= 4 and 1 <= int(value) <= 1000):
         raise argparse.ArgumentTypeError("limit must be an integer from 1 to 1000")
     return int(value)
+
+
+def _interval(value: str) -> float:
+    try:
+        seconds = float(value) if value.isascii() else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not 0.1 <= seconds <= 3600:  # also false for nan
+        raise argparse.ArgumentTypeError("interval must be 0.1 to 3600 seconds")
+    return seconds
+
+
+def _shown(value: str, width: int = 40) -> str:
+    """A value as an error message may quote it: escaped and cut short."""
+    return repr(value if len(value) <= width else value[:width] + "...")
 
 
 def _state(value: str) -> JobState:
@@ -142,8 +162,11 @@ def _filter(check: Callable[[str], str]) -> Callable[[str], str]:
     def parse(value: str) -> str:
         try:
             return check(value)
-        except Exception as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+        except InvalidJob as exc:  # the message quotes the value: keep it short
+            message = str(exc)
+            raise argparse.ArgumentTypeError(
+                message if len(message) <= 200 else f"{_shown(value)}: {message[-60:]}"
+            ) from None
 
     return parse
 
@@ -386,7 +409,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
         return OK
     if args.name is None:
         return _fail(f"usage: deadman queues {args.action} NAME", USAGE)
-    name = validate_queue(args.name)  # InvalidJob: a DeadmanError, so exit code 2
+    name = args.name
     row = _run(args, lambda s, _: s.queue_set_paused(name, args.action == "pause"))
     if args.json:
         _print_json(queue_json(row))
@@ -527,7 +550,7 @@ def add_parsers(
 
     q = common(sub.add_parser("queues", help="queues; `queues pause|resume NAME`"))
     q.add_argument("action", nargs="?", choices=["pause", "resume"])
-    q.add_argument("name", nargs="?")
+    q.add_argument("name", nargs="?", type=_filter(validate_queue))
     q.set_defaults(func=cmd_queues)
 
     common(sub.add_parser("workers", help="worker processes and their heartbeats")).set_defaults(
@@ -537,6 +560,8 @@ def add_parsers(
 
     top = sub.add_parser("top", help="a live view of queues, throughput and workers")
     db_arg(top)
-    top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument(
+        "--interval", type=_interval, default=2.0, help="seconds between refreshes (0.1-3600)"
+    )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.set_defaults(func=cmd_top)

@@ -24,6 +24,7 @@ import psycopg
 
 from deadman import devdb
 from deadman.db.migrate import migrate
+from deadman.db.startup import redact
 from deadman.model import Backoff, JobState
 from deadman.store import NewJob
 
@@ -90,7 +91,7 @@ def run_demo(database_url: str | None, devdb_base: Path, timeout_s: float = 120.
         print(f"starting a private Postgres under {devdb_base} ...", flush=True)
         dsn = devdb.ensure_running(devdb_base)
         started_db = True
-    print(f"database: {dsn}")
+    print(f"database: {redact(dsn)}")  # never its password
     applied = migrate(dsn)
     print(f"migrations: {'applied ' + str(applied) if applied else 'up to date'}")
 

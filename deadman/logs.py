@@ -40,6 +40,35 @@ def configure(
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=cache,
     )
+    _route_psycopg(out, renderer)
+
+
+#: psycopg's own loggers (``psycopg.pool``: "error connecting in 'deadman-api': ...",
+#: once per failed reconnection while the database is down) go through stdlib
+#: logging; without a handler Python prints them as bare text among our JSON lines.
+_LIBRARY_LOGGER = "psycopg"
+
+
+def _route_psycopg(out: TextIO, renderer: structlog.typing.Processor) -> None:
+    """Render psycopg's records like ours: one line each, with level, time and the
+    logger's name. Replaces the handler an earlier call installed (tests reconfigure);
+    leaves every other handler alone (pytest's capture, uvicorn's own)."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+        ],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    handler.set_name("deadman")
+    library = logging.getLogger(_LIBRARY_LOGGER)
+    for old in [h for h in library.handlers if h.get_name() == "deadman"]:
+        library.removeHandler(old)
+    library.addHandler(handler)
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

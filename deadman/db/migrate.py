@@ -15,9 +15,10 @@ from importlib.abc import Traversable
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import TupleRow
 
 from deadman.db.queries import QUERIES
-from deadman.errors import SchemaMismatch
+from deadman.errors import DatabaseUnavailable, SchemaMismatch
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -60,7 +61,7 @@ def migrate(dsn: str) -> list[int]:
     migrations = available()
     known = {m.version for m in migrations}
     applied_now: list[int] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with _connect(dsn) as conn:
         with conn.transaction():
             conn.execute(QUERIES["migrations_lock"])
             conn.execute(QUERIES["migrations_prepare"])
@@ -97,6 +98,15 @@ def migrate(dsn: str) -> list[int]:
     return applied_now
 
 
+def _connect(dsn: str) -> psycopg.Connection[TupleRow]:
+    """A connection that could not be made is DatabaseUnavailable, not a traceback;
+    errors of the migrations themselves stay psycopg's, naming the statement."""
+    try:
+        return psycopg.connect(dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(" ".join(str(exc).split())) from exc
+
+
 def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
     """The highest applied migration, or None on a database never migrated."""
     present = conn.execute(QUERIES["schema_migrations_exists"]).fetchone()
@@ -109,7 +119,7 @@ def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
 def check_current(dsn: str) -> None:
     """Raise :class:`SchemaMismatch` unless the database is exactly at our version."""
     want = latest_version()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with _connect(dsn) as conn:
         have = current_version(conn)
     if have is None:
         raise SchemaMismatch("the database has no Deadman schema; run `deadman migrate`")

@@ -217,12 +217,34 @@ def test_serve_started_while_postgres_is_down_is_up_and_turns_ready(
     assert answers("/ready", 503)
     event = proc.wait_event("database_unavailable_at_start", 5)
     assert "refused" in str(event["reason"]).lower()
+    # the pool's reconnection failures are log lines like ours, not bare text
+    reconnects = [e for e in proc.events() if e.get("logger") == "psycopg.pool"]
+    assert reconnects and all(e["level"] == "warning" for e in reconnects)
+    assert "error connecting" not in "".join(
+        line for line in proc.log_text().splitlines() if not line.startswith("{")
+    )
     down.start()
     wait_for(lambda: answers("/ready", 200), AFTER_START_S, interval=0.1, message="/ready 200")
     proc.send(signal.SIGTERM)
     # uvicorn re-raises the signal once its graceful shutdown is done
     assert proc.wait_exit(20) in (0, -signal.SIGTERM)
     assert PASSWORD not in proc.log_text()
+
+
+def test_a_fleet_waits_once_then_starts_its_children(down: Down, spawn_worker: SpawnWorker) -> None:
+    dsn = down.dsn(down.migrated)
+    fleet = spawn_worker(dsn, processes=2)
+    _alive_and_waiting(fleet, process="worker")
+    assert not fleet.events("fleet_child_started"), "children started before the database"
+    down.start()
+    wait_for(
+        lambda: sql_value(dsn, "SELECT count(*) FROM deadman.workers") == 2,
+        AFTER_START_S,
+        message="both fleet children to register",
+    )
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait_exit(30) == 0
+    _assert_clean_log(fleet)
 
 
 # --------------------------------------------------------------------------- stopping

@@ -15,7 +15,11 @@ from tests.factories import connect, insert_job, with_store
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    """Exit code, stdout and stderr; a usage error (argparse's SystemExit) included."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 
