@@ -817,6 +817,11 @@ class AsyncStore:
         rows = await self._all("job_get_by_idempotency_key", {"idempotency_key": key})
         return Job.from_row(rows[0]) if rows else None
 
+    async def job_get_many_by_idempotency_key(self, keys: Sequence[str]) -> list[Job]:
+        """The jobs holding any of ``keys`` (one read, the unique key index)."""
+        rows = await self._all("job_get_many_by_idempotency_key", {"keys": list(keys)})
+        return [Job.from_row(r) for r in rows]
+
     async def job_insert_many_returning(
         self, jobs: Sequence[NewJob], default_max_attempts: int
     ) -> BatchInserted:

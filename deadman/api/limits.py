@@ -116,10 +116,7 @@ async def check_queue_depth(
 
 async def _count_new(store: AsyncStore, jobs: Sequence[NewJob]) -> int:
     """How many of ``jobs`` would be inserted: those without a key, or whose key holds
-    no job yet. One read per keyed job; only on the way to a 429 (see above)."""
-    new = 0
-    for job in jobs:
-        key = job.idempotency_key
-        if key is None or await store.job_get_by_idempotency_key(key) is None:
-            new += 1
-    return new
+    no job yet. One read for all the keys; only on the way to a 429 (see above)."""
+    keys = [j.idempotency_key for j in jobs if j.idempotency_key is not None]
+    taken = {j.idempotency_key for j in await store.job_get_many_by_idempotency_key(keys)}
+    return sum(1 for j in jobs if j.idempotency_key is None or j.idempotency_key not in taken)

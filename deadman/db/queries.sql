@@ -689,13 +689,18 @@ ORDER BY nm.name;
 
 -- name: queue_set_paused
 -- POST /queues/{name}/pause and /resume. job_claim skips paused queues; submissions
--- to a paused queue are still accepted. An upsert, so a queue can be paused before
--- its first job exists. Returns the queue as queue_list shows it (unfinished jobs of
--- this queue only: jobs_claim_idx, jobs_running_idx).
-WITH up AS (
-    INSERT INTO deadman.queues (name, paused) VALUES (%(name)s, %(paused)s)
-    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
-    RETURNING name, paused
+-- to a paused queue are still accepted. A pause is an upsert, so a queue can be
+-- paused before its first job exists; a resume deletes the row, so pausing and
+-- resuming invented queue names leaves nothing behind (queue_list, and with it
+-- /metrics and /queues, would otherwise list every name ever paused). Returns the
+-- queue as queue_list shows it (unfinished jobs of this queue only: jobs_claim_idx,
+-- jobs_running_idx).
+WITH paused AS (
+    INSERT INTO deadman.queues (name, paused)
+    SELECT %(name)s, true WHERE %(paused)s::boolean
+    ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now()
+), resumed AS (
+    DELETE FROM deadman.queues WHERE name = %(name)s AND NOT %(paused)s::boolean
 ), live AS (
     SELECT state, count(*) AS n,
            min(run_at) FILTER (WHERE state IN ('queued', 'scheduled', 'retrying')
@@ -705,11 +710,10 @@ WITH up AS (
       AND state IN ('waiting', 'scheduled', 'queued', 'running', 'retrying')
     GROUP BY state
 )
-SELECT up.name, up.paused,
+SELECT %(name)s::text AS name, %(paused)s::boolean AS paused,
        COALESCE((SELECT jsonb_object_agg(state, n) FROM live), '{}'::jsonb) AS counts,
        (SELECT min(oldest_due_at) FROM live) AS oldest_due_at,
-       now() AS now
-FROM up;
+       now() AS now;
 
 -- name: worker_list
 -- GET /workers: registered worker processes (a worker deregisters when it stops; the

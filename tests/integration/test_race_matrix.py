@@ -158,6 +158,10 @@ def _pause(conn: Conn, w: World) -> list[DictRow]:
     return _rows(conn, "queue_set_paused", {"name": QUEUE, "paused": True})
 
 
+def _resume(conn: Conn, w: World) -> list[DictRow]:
+    return _rows(conn, "queue_set_paused", {"name": QUEUE, "paused": False})
+
+
 def _rescue(conn: Conn, w: World) -> list[DictRow]:
     params = {"max_rescues": MAX_RESCUES, "quarantine_at": QUARANTINE_AT, "limit": 100}
     return _rows(conn, "job_rescue_expired", params)
@@ -230,6 +234,7 @@ STATEMENTS: dict[str, Stmt] = {
         Stmt("retry", ("job_retry",), _retry, _returned_job),
         Stmt("replay", ("job_retry_dead_many",), _replay, _returned_job),
         Stmt("pause", ("queue_set_paused",), _pause, _any),
+        Stmt("resume", ("queue_set_paused",), _resume, _any),
         Stmt("rescue", ("job_rescue_expired",), _rescue, _returned_job, ends_lease=True),
         Stmt("expire", ("job_expire",), _expire, _returned_job),
         Stmt("prune", ("job_prune_finished",), _prune, _returned_job),
@@ -335,6 +340,12 @@ def _cascaded(conn: Conn) -> World:
     return World(job=down.id, upstream=up.id, workflow=wf)
 
 
+def _paused(conn: Conn) -> World:
+    w = _one("queued", run_in_s=-1)(conn)
+    conn.execute("INSERT INTO deadman.queues (name, paused) VALUES (%s, true)", (QUEUE,))
+    return w
+
+
 SETUPS: dict[str, Callable[[Conn], World]] = {
     "queued": _one("queued", run_in_s=-1),
     "retrying_due": _one("retrying", run_in_s=-1),
@@ -347,6 +358,7 @@ SETUPS: dict[str, Callable[[Conn], World]] = {
     "cancelled_old": _one("cancelled", finished_ago_s=2 * 86400),
     "succeeded_old": _one("succeeded", finished_ago_s=2 * 86400),
     "waiting": _waiting,
+    "queued_paused": _paused,
     "cascaded_old": _cascaded,
 }
 
@@ -373,6 +385,8 @@ MATRIX: list[tuple[str, str, str]] = [
     ("quarantined", "claim_quarantined", "cancel"),
     ("quarantined", "claim_quarantined", "claim"),
     ("quarantined", "claim_quarantined", "pause"),
+    ("queued_paused", "claim", "resume"),
+    ("queued_paused", "pause", "resume"),
     ("expiring", "expire", "cancel"),
     ("expiring", "expire", "claim"),
     ("expiring", "expire", "workflow_cancel"),
@@ -519,12 +533,18 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
                 assert job["lease_token"] == world.token, "a new attempt started"
         _assert_not_claimable(conn, world.job)
 
-    # a pause is honoured by the next claim
-    if "pause" in acked:
+    # a pause is honoured by the next claim (unless a resume committed after it)
+    toggles = [n for n in out.order if n in ("pause", "resume")]
+    if toggles and toggles[-1] == "pause":
         fresh = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
         _assert_not_claimable(conn, fresh.id)
         fresh_q = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1, rescues=QUARANTINE_AT)
         _assert_not_claimable(conn, fresh_q.id)
+
+    if toggles and toggles[-1] == "resume":
+        fresh = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+        with conn.transaction(force_rollback=True):
+            assert fresh.id in _ids(_claim(conn, World(job=fresh.id))), "resumed, not claimable"
 
     _assert_workflow_counters(conn, world)
     _assert_dependency_counters(conn)
