@@ -71,6 +71,23 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+async def _rescuer_loop(rescuer: Rescuer, stopping: asyncio.Event) -> None:
+    """rescuer.run(), started again after an error it does not handle itself (it
+    handles DatabaseUnavailable): a rescue that fails on some row must not take the
+    worker, and every job it holds, down with it. Another worker's rescuer, or this
+    one's next try, hands the expired jobs on."""
+    delay = 1.0
+    while True:
+        try:
+            await rescuer.run()
+            return
+        except Exception as exc:
+            log.error("rescuer_error", error=repr(exc)[:500], retry_in_s=delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        delay = min(delay * 2, 5.0)
+
+
 class Worker:
     def __init__(
         self,
@@ -187,7 +204,9 @@ class Worker:
             "producer": asyncio.create_task(producer.run(), name="producer"),
         }
         if rescuer is not None:
-            tasks["rescuer"] = asyncio.create_task(rescuer.run(), name="rescuer")
+            tasks["rescuer"] = asyncio.create_task(
+                _rescuer_loop(rescuer, self._stop), name="rescuer"
+            )
         log.info(
             "worker_started",
             worker=self.worker_id,

@@ -582,3 +582,61 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
         assert "ctx.transaction(): no database connection free within 0.2 s" in message
         assert "all 1 of the worker's handler connections" in message
         assert "retried" in message
+
+
+# ------------------------------------------------------------------ unexpected errors
+
+RAISE_SQL = """
+CREATE FUNCTION public.test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'test: refused by a trigger';  -- P0001: not a connection problem
+END $$;
+"""
+
+
+def _logged(capfd: pytest.CaptureFixture[str], seen: list[str], event: str) -> bool:
+    """Whether the worker logged ``event``, or crashed trying (then the test fails)."""
+    seen.append(capfd.readouterr().out)
+    text = "".join(seen)
+    assert "worker_task_crashed" not in text, text[-2000:]
+    return event in text
+
+
+def test_an_unexpected_heartbeat_error_does_not_stop_the_worker(
+    db_dsn: str, client: Client, capfd: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        conn.execute(RAISE_SQL)
+        conn.execute(
+            "CREATE TRIGGER test_refuse BEFORE UPDATE ON deadman.workers"
+            " FOR EACH ROW EXECUTE FUNCTION public.test_refuse()"
+        )
+        wait_for(lambda: _logged(capfd, seen, "heartbeat_error"), 10, message="logged")
+        assert worker.alive
+        conn.execute("DROP TRIGGER test_refuse ON deadman.workers")
+        job_id = client.enqueue("r.ok").id
+        wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 10, message="ok")
+        assert worker.stop() == 0
+
+
+def test_an_unexpected_rescuer_error_does_not_stop_the_worker(
+    db_dsn: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+    with connect(db_dsn) as conn:
+        conn.execute(RAISE_SQL)
+        conn.execute(
+            "CREATE TRIGGER test_refuse BEFORE INSERT ON deadman.attempts FOR EACH ROW"
+            " WHEN (NEW.outcome = 'lease_expired') EXECUTE FUNCTION public.test_refuse()"
+        )
+        job_id = insert_job(
+            conn, state="running", type="r.ok", lease_worker="gone", lease_expires_in_s=-10
+        ).id
+        with running_worker(db_dsn, handlers=handlers) as worker:
+            wait_for(lambda: _logged(capfd, seen, "rescuer_error"), 10, message="logged")
+            assert worker.alive
+            conn.execute("DROP TRIGGER test_refuse ON deadman.attempts")
+            wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 15, message="ok")
+            assert worker.stop() == 0
+        assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired", "succeeded"]
