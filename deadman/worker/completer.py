@@ -29,14 +29,29 @@ from deadman.store import AsyncStore, Finish
 
 log = logs.get("deadman.completer")
 
+#: Most bytes of results one flush writes. The batch travels as one JSON document
+#: and Postgres refuses a jsonb value over 256 MiB with an error psycopg reports as
+#: operational (so, to us, transient): 500 results of 1 MiB (each within
+#: DEADMAN_MAX_PAYLOAD_BYTES) would have been retried forever, and with them every
+#: outcome behind them.
+BATCH_MAX_BYTES = 64 * 1024 * 1024
+
 
 class Completer:
     def __init__(
-        self, store: AsyncStore, worker_id: str, batch_max: int = 500, in_flight: int = 2
+        self,
+        store: AsyncStore,
+        worker_id: str,
+        batch_max: int = 500,
+        in_flight: int = 2,
+        *,
+        batch_max_bytes: int = BATCH_MAX_BYTES,
     ) -> None:
         self._store = store
         self._worker_id = worker_id
         self._batch_max = batch_max
+        self._batch_max_bytes = batch_max_bytes
+        self._sizes: deque[int] = deque()  # bytes of each pending outcome, in step
         self._in_flight = in_flight
         self._flushing: set[asyncio.Task[None]] = set()
         self._pending: deque[tuple[Finish, str, asyncio.Future[bool]]] = deque()
@@ -47,10 +62,12 @@ class Completer:
         self.on_requeue: Callable[[], None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
-    async def submit(self, finish: Finish, queue: str) -> bool:
-        """Queue one outcome; resolves True once written, False if the fence refused it."""
+    async def submit(self, finish: Finish, queue: str, size: int = 0) -> bool:
+        """Queue one outcome; resolves True once written, False if the fence refused it.
+        ``size``: about how many bytes its result and error take (see BATCH_MAX_BYTES)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append((finish, queue, fut))
+        self._sizes.append(size)
         self._wake.set()
         return await fut
 
@@ -70,8 +87,7 @@ class Completer:
                 if len(self._flushing) >= self._in_flight:
                     await self._reap()
                     continue
-                n = min(self._batch_max, len(self._pending))
-                batch = [self._pending.popleft() for _ in range(n)]
+                batch = self._next_batch()
                 task = asyncio.create_task(self._flush(batch))
                 task.add_done_callback(lambda _t: self._wake.set())  # reaped above
                 self._flushing.add(task)
@@ -80,6 +96,17 @@ class Completer:
                     await self._reap()
                 if not self._pending:
                     return
+
+    def _next_batch(self) -> list[tuple[Finish, str, asyncio.Future[bool]]]:
+        """Up to batch_max outcomes and batch_max_bytes (always at least one)."""
+        batch = [self._pending.popleft()]
+        total = self._sizes.popleft()
+        while self._pending and len(batch) < self._batch_max:
+            if total + self._sizes[0] > self._batch_max_bytes:
+                break
+            total += self._sizes.popleft()
+            batch.append(self._pending.popleft())
+        return batch
 
     async def _reap(self) -> None:
         """Wait for a flush to end. ``_flush`` handles every error of its rows, so

@@ -297,8 +297,9 @@ class Executor:
             if finish is None:
                 return
             held.finishing = True
+            size = held.result_bytes + len(finish.error or "")
             try:
-                written = await self._completer.submit(finish, job.queue)
+                written = await self._completer.submit(finish, job.queue, size)
             except Exception as exc:
                 # Not writable (not transient). A success whose result slipped past
                 # _checked_result is failed instead; anything else is left to lapse,
@@ -409,7 +410,7 @@ class Executor:
             # that swallowed its cancellation): what it returns is not a success.
             self._abandoned(held, bound, result)
             return None
-        stored, problem = self._checked_result(result)
+        stored, held.result_bytes, problem = self._checked_result(result)
         if problem is not None:
             return self._failure(job, ctx, problem, AttemptOutcome.FAILED)
         return Finish(
@@ -422,8 +423,9 @@ class Executor:
         _close_awaitable(result)
         bound.warning("job_abandoned_lease_lost", handler_returned=True)
 
-    def _checked_result(self, result: Any) -> tuple[Any, str | None]:
-        """(the result as it will be stored, None) or (None, why it cannot be).
+    def _checked_result(self, result: Any) -> tuple[Any, int, str | None]:
+        """(the result as it will be stored, its bytes of JSON, None), or (None, 0, why
+        it cannot be stored).
 
         The result is encoded and decoded once here, so the completer's batch only
         ever holds plain JSON values: nothing a handler returns (a tuple hiding a
@@ -432,36 +434,48 @@ class Executor:
         of a payload: DEADMAN_MAX_PAYLOAD_BYTES and MAX_DEPTH levels of nesting.
         """
         if result is None:
-            return None, None
+            return None, 0, None
         if inspect.isawaitable(result):
             kind = type(result).__name__
             _close_awaitable(result)
-            return None, (
-                f"handler result is not JSON: the handler returned a {kind} (a coroutine"
-                " or other awaitable) instead of a result; register an `async def`"
-                " function, or await it inside the handler"
+            return (
+                None,
+                0,
+                (
+                    f"handler result is not JSON: the handler returned a {kind} (a coroutine"
+                    " or other awaitable) instead of a result; register an `async def`"
+                    " function, or await it inside the handler"
+                ),
             )
         try:
             encoded = json.dumps(result, ensure_ascii=False)
         except RecursionError:
-            return None, f"handler result cannot be stored: nested deeper than {MAX_DEPTH} levels"
+            return (
+                None,
+                0,
+                f"handler result cannot be stored: nested deeper than {MAX_DEPTH} levels",
+            )
         except Exception as exc:
-            return None, f"handler result is not JSON: {_safe_str(exc)}"
+            return None, 0, f"handler result is not JSON: {_safe_str(exc)}"
         size = len(encoded.encode("utf-8", "surrogatepass"))
         if size > self._max_result_bytes:
-            return None, (
-                f"handler result cannot be stored: {size} bytes of JSON, over the limit of"
-                f" {self._max_result_bytes} bytes (DEADMAN_MAX_PAYLOAD_BYTES)"
+            return (
+                None,
+                0,
+                (
+                    f"handler result cannot be stored: {size} bytes of JSON, over the limit of"
+                    f" {self._max_result_bytes} bytes (DEADMAN_MAX_PAYLOAD_BYTES)"
+                ),
             )
         try:
             stored = json.loads(encoded)  # NaN comes back as NaN: check_storable names it
         except Exception as exc:
-            return None, f"handler result is not JSON: {_safe_str(exc)}"
+            return None, 0, f"handler result is not JSON: {_safe_str(exc)}"
         problems = check_storable(stored)
         if problems:
             text = "; ".join(f"{_result_path(p['field'])}: {p['message']}" for p in problems)
-            return None, f"handler result cannot be stored: {text}"
-        return stored, None
+            return None, 0, f"handler result cannot be stored: {text}"
+        return stored, size, None
 
     def _failure(self, job: Job, ctx: JobContext, error: str, outcome: AttemptOutcome) -> Finish:
         if job.attempt >= job.max_attempts:

@@ -37,6 +37,8 @@ class Held:
     started: bool = False
     #: a sync handler's thread; its slot is only given back once it has returned
     thread: asyncio.Future[Any] | None = None
+    #: bytes of the result as JSON, once checked (the completer caps a batch's bytes)
+    result_bytes: int = 0
     token: int = field(init=False)
 
     def __post_init__(self) -> None:

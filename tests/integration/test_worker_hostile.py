@@ -640,3 +640,32 @@ def test_an_unexpected_rescuer_error_does_not_stop_the_worker(
             wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 15, message="ok")
             assert worker.stop() == 0
         assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired", "succeeded"]
+
+
+def test_a_completion_batch_is_capped_in_bytes(db_dsn: str) -> None:
+    """Results of up to DEADMAN_MAX_PAYLOAD_BYTES each, 500 to a batch, would make a
+    batch document past jsonb's 256 MiB (refused as 'operational', so retried for
+    ever): the completer also caps a batch's bytes. Here the cap is 1000 bytes."""
+    with connect(db_dsn) as conn:
+        running = [insert_job(conn, state="running") for _ in range(4)]
+
+    def finish(i: int) -> Finish:
+        token = running[i].lease_token
+        assert token is not None
+        return Finish(running[i].id, token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=i)
+
+    async def main() -> tuple[list[bool], int]:
+        async with async_store(db_dsn) as store:
+            completer = Completer(store, "factory-worker", in_flight=1, batch_max_bytes=1000)
+            task = asyncio.create_task(completer.run())
+            sizes = [600, 600, 300, 300]  # -> [600], [600, 300], [300]: three flushes
+            written = await asyncio.gather(
+                *(completer.submit(finish(i), "default", size) for i, size in enumerate(sizes))
+            )
+            completer.stop()
+            await asyncio.wait_for(task, 10)
+            return list(written), completer.flushes
+
+    written, flushes = run_async(main)
+    assert written == [True] * 4
+    assert flushes == 3
