@@ -13,8 +13,10 @@ jobs after a second, which the other scenarios' exactly-once count cannot live w
   replay``), cancel a workflow (the store call of ``POST /workflows/{id}/cancel``,
   which says which nodes the cancel took and in which state; the HTTP answer only
   shows the states afterwards), pause a queue and resume it;
-- retention of one second for every finished state, run every 100 ms by a pruner of
-  its own (the store calls of the rescuer's retention) besides the workers' rescuers.
+- retention of one second for every finished state, run every half second by a
+  pruner of its own (the store calls of the rescuer's retention) besides the workers'
+  rescuers, and also at the very moment of some bulk replays (the oldest dead letters,
+  which a replay takes first, are the ones retention is deleting).
 
 Every action is journalled with the database clock read just before the request
 and just after the answer (``Ack``); at the end the journal goes into ``chaos.acks``
@@ -82,7 +84,8 @@ ACTIONS = (
     ("cancel-running", 4.0),
     ("retry-dead", 4.0),
     ("retry-cancelled", 2.0),
-    ("replay-dead", 1.5),
+    ("replay-dead", 1.0),
+    ("replay-while-pruning", 1.0),
     ("cancel-workflow", 1.0),
 )
 PAUSE_P = 0.03  # per action and pausable queue that is running
@@ -114,6 +117,14 @@ class OperatorsConfig:
         return max(5, self.jobs // 40)
 
 
+@dataclass(frozen=True)
+class Clock:
+    """The database clock and the last lease token handed out, read together."""
+
+    now: datetime
+    token: int
+
+
 class Journal:
     """Every operator action the harness sent (thread-safe), in order."""
 
@@ -128,8 +139,8 @@ class Journal:
         kind: str,
         acked: bool,
         via: str,
-        lo: datetime,
-        hi: datetime | None,
+        lo: Clock,
+        hi: Clock | None,
         *,
         job_id: int | None = None,
         queue: str | None = None,
@@ -147,8 +158,9 @@ class Journal:
                     queue,
                     state,
                     token,
-                    lo,
-                    hi,
+                    lo.now,
+                    lo.token,
+                    None if hi is None else hi.now,
                     round(self._clock(), 3),
                 )
             )
@@ -208,16 +220,16 @@ class Operator(threading.Thread):
 
     # -- the database clock ------------------------------------------------------------
 
-    async def _now(self) -> datetime | None:
-        """The database clock, or None if it cannot be read right now."""
+    async def _now(self) -> Clock | None:
+        """The database clock and token sequence, or None if they cannot be read now."""
         try:
             if self._clock_conn is None or self._clock_conn.closed:
                 self._clock_conn = await psycopg.AsyncConnection.connect(
                     self.dsn, autocommit=True, connect_timeout=5
                 )
-            cur = await self._clock_conn.execute(OPS["db_now"])
+            cur = await self._clock_conn.execute(OPS["operators_clock"])
             row = await cur.fetchone()
-            return None if row is None else row[0]
+            return None if row is None else Clock(row[0], int(row[1]))
         except psycopg.Error:
             self._clock_conn = None
             return None
@@ -332,6 +344,11 @@ class Operator(threading.Thread):
                     await self._retry(client, "cancelled")
                 elif action == "replay-dead":
                     await self._replay(store)
+                elif action == "replay-while-pruning":
+                    # The dead letters replayed first are the oldest, the very rows
+                    # retention is deleting right now (a DELETE that waits on a
+                    # replayed row's lock must not take it once requeued).
+                    await asyncio.gather(self._replay(store), self._prune_once(store))
                 else:
                     await self._cancel_workflow(store)
                 await asyncio.sleep(STEP_S)
@@ -489,20 +506,24 @@ class Operator(threading.Thread):
     # -- retention ---------------------------------------------------------------------
 
     async def _prune(self, store: AsyncStore) -> None:
-        """What the rescuer's retention does, ten times a second."""
-        params = PruneParams(succeeded_ms=RETENTION_MS, failed_ms=RETENTION_MS)
+        """What the rescuer's retention does, every PRUNE_EVERY_S."""
         while True:
-            try:
-                for _ in range(50):
-                    n = await store.job_prune_finished(params)
-                    self.pruned += n
-                    if n < params.limit:
-                        break
-                await store.workflow_prune_finished(params)
-            except DeadmanError as exc:
-                self.statuses["prune error"] += 1
-                self.errors.append(f"prune: {exc}")
+            await self._prune_once(store)
             await asyncio.sleep(PRUNE_EVERY_S)
+
+    async def _prune_once(self, store: AsyncStore) -> None:
+        """One round of the rescuer's retention: batches until one comes back short."""
+        params = PruneParams(succeeded_ms=RETENTION_MS, failed_ms=RETENTION_MS)
+        try:
+            for _ in range(50):
+                n = await store.job_prune_finished(params)
+                self.pruned += n
+                if n < params.limit:
+                    break
+            await store.workflow_prune_finished(params)
+        except DeadmanError as exc:
+            self.statuses["prune error"] += 1
+            self.errors.append(f"prune: {exc}")
 
 
 @dataclass

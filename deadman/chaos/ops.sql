@@ -123,9 +123,11 @@ CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.workflows
     FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
 -- seq: the order the harness sent the actions in (one operator, one at a time).
 -- db_lo/db_hi: the database clock read just before the request and just after its
--- acknowledgement, so lo <= the action's commit <= hi. acked = false: a retry or
--- resume that got no answer; it may have committed, so it still ends a cancel's or
--- a pause's window (never a false alarm), but nobody was promised anything.
+-- acknowledgement, so lo <= the action's commit <= hi; token_lo: the lease token
+-- sequence's last value, read with db_lo (verify_ops.sql says why). acked = false:
+-- a retry or resume that was refused or got no answer; one of those may have
+-- committed, so it still ends a cancel's or a pause's window (never a false alarm),
+-- but nobody was promised anything.
 CREATE TABLE chaos.acks (
     seq       bigint PRIMARY KEY,
     kind      text   NOT NULL CHECK (kind IN ('cancel', 'retry', 'pause', 'resume')),
@@ -136,6 +138,7 @@ CREATE TABLE chaos.acks (
     state     text,
     token     bigint,
     db_lo     timestamptz NOT NULL,
+    token_lo  bigint NOT NULL,
     db_hi     timestamptz,
     at_s      double precision NOT NULL
 );
@@ -143,8 +146,15 @@ CREATE INDEX ON chaos.acks (job_id, seq);
 
 -- name: operators_acks_copy
 -- The journal, at verification: the columns of verify_ops.Ack, in its field order.
-COPY chaos.acks (seq, kind, acked, via, job_id, queue, state, token, db_lo, db_hi, at_s)
+COPY chaos.acks (seq, kind, acked, via, job_id, queue, state, token, db_lo, token_lo, db_hi,
+                 at_s)
 FROM STDIN;
+
+-- name: operators_clock
+-- Read just before and just after every operator action: the database clock, and the
+-- last lease token handed out (a sequence's last_value is read outside any snapshot:
+-- every claim that drew a token before this read drew one no larger).
+SELECT now() AS now, last_value AS token FROM deadman.lease_token_seq;
 
 -- name: operators_unfinished
 -- The operators scenario drains until no job and no workflow is unfinished.

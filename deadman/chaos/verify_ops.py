@@ -37,7 +37,8 @@ class Ack:
     (``deadman dlq replay``'s store call) or store-workflow (the workflow cancel);
     ``state``: the job's state in the answer (a cancel's 'running' or 'cancelled');
     ``token``: the lease token a cancel answered 202 named; ``db_lo``/``db_hi``: the
-    database clock just before the request and just after the answer. The fields are
+    database clock just before the request and just after the answer; ``token_lo``:
+    the last lease token handed out, read with ``db_lo``. The fields are
     chaos.acks's columns, in order (operators_acks_copy)."""
 
     seq: int
@@ -49,6 +50,7 @@ class Ack:
     state: str | None
     token: int | None
     db_lo: datetime
+    token_lo: int
     db_hi: datetime | None
     at_s: float
 

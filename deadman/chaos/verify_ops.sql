@@ -4,8 +4,15 @@
 -- scenario's own database (deadman chaos --keep leaves it for psql). Parameters: the
 -- job key prefix and how many jobs were acknowledged, the same for workflows, e.g.
 -- 'chaos-ops-1-', 10000, 'chaos-ops-1-wf-', 250.
--- Times are the database clock throughout: an ack's db_lo and db_hi were read from
--- it just before the request and just after the acknowledgement.
+-- Times are the database clock: an ack's db_lo and db_hi were read just before the
+-- request and just after its answer, so db_lo <= the action's commit <= db_hi.
+-- A claim's started_at (the claim transaction's now()) comes before its snapshot,
+-- but by how much nobody knows (a backend descheduled on a loaded machine: a run
+-- caught one claiming 0.4 ms "before" a resume it had seen), so started_at > db_hi
+-- proves "claimed after", while "claimed before" is proved by the lease token: the
+-- claim draws it after its snapshot, and an ack's token_lo is the token sequence's
+-- last value read just before the request, so lease_token <= token_lo means the
+-- claim saw the database as it was before that request was even sent.
 
 -- name: ops_submissions
 -- Every acknowledged submission is a job, or was deleted by retention.
@@ -42,22 +49,19 @@ FROM chaos.pruned_jobs;
 
 -- name: ops_retries
 -- No job that a retry or replay acknowledged is lost: it still exists (and then must
--- be final, ops_final), or retention deleted it after it finished again. A retry
--- sets finished_at to NULL, so a deleted copy with finished_at at or after the
--- request (db_lo) finished after the retry; a deleted copy in any other state is a
--- job that retention took while it was queued, waiting or running.
+-- be final, ops_final), or retention deleted it in a final state. The copy of a
+-- deleted row is its last version, and a retry's answer means that the row existed
+-- after the retry (a deleted one answers 404), so a copy in a final state finished
+-- after the retry; one in any other state is a job retention took while it was
+-- queued, waiting or running.
 SELECT count(*) AS acknowledged,
        count(DISTINCT a.job_id) AS jobs,
        count(*) FILTER (WHERE a.via = 'store-bulk') AS by_bulk_replay,
        count(*) FILTER (WHERE p.id IS NOT NULL) AS pruned_later,
-       count(*) FILTER (WHERE j.id IS NULL
-                          AND (p.id IS NULL
-                               OR p.state NOT IN ('succeeded', 'dead', 'cancelled')
-                               OR p.finished_at < a.db_lo)) AS lost,
-       count(DISTINCT a.job_id) FILTER (WHERE j.id IS NULL
-                          AND (p.id IS NULL
-                               OR p.state NOT IN ('succeeded', 'dead', 'cancelled')
-                               OR p.finished_at < a.db_lo)) AS jobs_lost
+       count(*) FILTER (WHERE j.id IS NULL AND (p.id IS NULL OR p.state NOT IN
+                              ('succeeded', 'dead', 'cancelled'))) AS lost,
+       count(DISTINCT a.job_id) FILTER (WHERE j.id IS NULL AND (p.id IS NULL OR p.state
+                              NOT IN ('succeeded', 'dead', 'cancelled'))) AS jobs_lost
 FROM chaos.acks a
 LEFT JOIN deadman.jobs j ON j.id = a.job_id
 LEFT JOIN chaos.pruned_jobs p ON p.id = a.job_id
@@ -65,47 +69,45 @@ WHERE a.kind = 'retry' AND a.acked;
 
 -- name: ops_cancel_fence
 -- No attempt started after its job's cancel was acknowledged, unless a retry was
--- acknowledged in between. Two tests, each sound on its own:
--- * by token (a cancel answered 202 names the lease token of the attempt in flight;
---   tokens come from one increasing sequence): any attempt, invocation or effect of
---   the job with a larger token, whose record was written before the next retry's
---   request (so its claim certainly came before that retry);
--- * by time (every cancel): any attempt whose claim (attempts.started_at, the claim
---   statement's now()) came after db_hi, which is after the cancel committed, and
---   before the next retry's request.
+-- sent in between (answered or not: one that got no answer may have committed).
+-- Claimed after the cancel, either of:
+-- * by token: a cancel answered 202 names the lease token of the attempt in flight;
+--   a larger token of the same job (an attempt row, or the invocation or effect its
+--   handler wrote, which survive a lost attempt row) is a later claim, made once the
+--   attempt in flight had ended, after the cancel;
+-- * by time: an attempt whose claim started (started_at) after the cancel's db_hi.
+-- Claimed before the next retry: its token is at most the retry's token_lo.
 WITH cancels AS MATERIALIZED (
     SELECT c.seq, c.job_id, c.token, c.db_hi,
-           (SELECT min(r.db_lo) FROM chaos.acks r
-            WHERE r.kind = 'retry' AND r.job_id = c.job_id AND r.seq > c.seq) AS retry_lo
+           (SELECT min(r.token_lo) FROM chaos.acks r
+            WHERE r.kind = 'retry' AND r.job_id = c.job_id AND r.seq > c.seq) AS retry_token
     FROM chaos.acks c
     WHERE c.kind = 'cancel' AND c.acked
 ), attempts AS MATERIALIZED (
     SELECT job_id, lease_token, started_at FROM deadman.attempts
     UNION ALL
     SELECT job_id, lease_token, started_at FROM chaos.pruned_attempts
-), evidence AS (
-    -- a token, and a moment its claim certainly came before
-    SELECT job_id, lease_token, started_at AS before FROM attempts
-    UNION ALL
-    SELECT job_id, lease_token, at FROM deadman.chaos_invocations
-    UNION ALL
-    SELECT job_id, lease_token, created_at FROM deadman.effects
+), tokens AS MATERIALIZED (
+    SELECT job_id, lease_token FROM attempts
+    UNION
+    SELECT job_id, lease_token FROM deadman.chaos_invocations
+    UNION
+    SELECT job_id, lease_token FROM deadman.effects
 ), violations AS (
-    SELECT c.seq, c.job_id, e.lease_token
-    FROM cancels c JOIN evidence e ON e.job_id = c.job_id
-    WHERE c.token IS NOT NULL AND e.lease_token > c.token
-      AND (c.retry_lo IS NULL OR e.before < c.retry_lo)
+    SELECT c.seq, c.job_id, t.lease_token
+    FROM cancels c JOIN tokens t ON t.job_id = c.job_id
+    WHERE c.token IS NOT NULL AND t.lease_token > c.token
+      AND (c.retry_token IS NULL OR t.lease_token <= c.retry_token)
     UNION
     SELECT c.seq, c.job_id, a.lease_token
     FROM cancels c JOIN attempts a ON a.job_id = c.job_id
     WHERE c.db_hi IS NOT NULL AND a.started_at > c.db_hi
-      AND (c.retry_lo IS NULL OR a.started_at < c.retry_lo)
+      AND (c.retry_token IS NULL OR a.lease_token <= c.retry_token)
 )
 SELECT (SELECT count(*) FROM cancels) AS acknowledged,
        (SELECT count(*) FROM cancels WHERE token IS NOT NULL) AS of_running_with_token,
        (SELECT count(*) FROM chaos.acks
-        WHERE kind = 'cancel' AND acked AND via = 'store-workflow')
-           AS by_workflow_cancel,
+        WHERE kind = 'cancel' AND acked AND via = 'store-workflow') AS by_workflow_cancel,
        (SELECT count(DISTINCT (seq, lease_token)) FROM violations) AS attempts_after_cancel,
        (SELECT count(DISTINCT job_id) FROM violations) AS jobs;
 
@@ -134,12 +136,13 @@ FROM last l LEFT JOIN every e ON e.id = l.job_id
 WHERE l.kind = 'cancel';
 
 -- name: ops_paused
--- No attempt of a queue started while the queue was paused: after the pause's db_hi
--- and before the next resume's db_lo.
+-- No attempt of a queue was claimed while the queue was paused: started after the
+-- pause's db_hi, with a token no larger than the next resume's token_lo (a resume
+-- that got no answer ends the window too).
 WITH pauses AS MATERIALIZED (
     SELECT p.queue, p.db_hi,
-           (SELECT min(r.db_lo) FROM chaos.acks r
-            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_lo
+           (SELECT min(r.token_lo) FROM chaos.acks r
+            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_token
     FROM chaos.acks p
     WHERE p.kind = 'pause' AND p.acked AND p.db_hi IS NOT NULL
 ), every AS (
@@ -154,11 +157,11 @@ WITH pauses AS MATERIALIZED (
     JOIN every e ON e.id = a.job_id
 )
 SELECT (SELECT count(*) FROM pauses) AS pauses,
-       (SELECT count(*) FROM pauses WHERE resume_lo IS NULL) AS never_resumed,
+       (SELECT count(*) FROM pauses WHERE resume_token IS NULL) AS never_resumed,
        count(DISTINCT a.lease_token) AS attempts_while_paused
 FROM pauses p
 JOIN attempts a ON a.queue = p.queue AND a.started_at > p.db_hi
-               AND (p.resume_lo IS NULL OR a.started_at < p.resume_lo);
+               AND (p.resume_token IS NULL OR a.lease_token <= p.resume_token);
 
 -- name: ops_final
 -- Every job ends in a final state; every workflow finishes once all its nodes are
@@ -228,34 +231,37 @@ FROM chaos.acks a
 LEFT JOIN deadman.jobs j ON j.id = a.job_id
 LEFT JOIN chaos.pruned_jobs p ON p.id = a.job_id
 WHERE a.kind = 'retry' AND a.acked AND j.id IS NULL
-  AND (p.id IS NULL OR p.state NOT IN ('succeeded', 'dead', 'cancelled')
-       OR p.finished_at < a.db_lo)
+  AND (p.id IS NULL OR p.state NOT IN ('succeeded', 'dead', 'cancelled'))
 ORDER BY a.seq
 LIMIT 10;
 
 -- name: example_attempts_after_cancel
-WITH attempts AS (
+-- (attempt rows only; ops_cancel_fence also counts invocations and effects)
+WITH cancels AS MATERIALIZED (
+    SELECT c.*,
+           (SELECT min(r.token_lo) FROM chaos.acks r
+            WHERE r.kind = 'retry' AND r.job_id = c.job_id AND r.seq > c.seq) AS retry_token
+    FROM chaos.acks c
+    WHERE c.kind = 'cancel' AND c.acked
+), attempts AS MATERIALIZED (
     SELECT job_id, lease_token, started_at, outcome FROM deadman.attempts
     UNION ALL
     SELECT job_id, lease_token, started_at, outcome FROM chaos.pruned_attempts
 )
 SELECT c.seq, c.job_id, c.via, c.state AS cancel_answered, c.token AS cancel_token,
-       c.db_hi AS cancel_hi, a.lease_token, a.started_at, a.outcome
-FROM chaos.acks c
+       c.db_hi AS cancel_hi, c.retry_token, a.lease_token, a.started_at, a.outcome
+FROM cancels c
 JOIN attempts a ON a.job_id = c.job_id
-WHERE c.kind = 'cancel' AND c.acked
-  AND (a.lease_token > c.token OR a.started_at > c.db_hi)
-  AND NOT EXISTS (SELECT 1 FROM chaos.acks r
-                  WHERE r.kind = 'retry' AND r.job_id = c.job_id AND r.seq > c.seq
-                    AND r.db_lo <= a.started_at)
+WHERE (a.lease_token > c.token OR a.started_at > c.db_hi)
+  AND (c.retry_token IS NULL OR a.lease_token <= c.retry_token)
 ORDER BY c.seq, a.lease_token
 LIMIT 10;
 
 -- name: example_attempts_while_paused
 WITH pauses AS MATERIALIZED (
     SELECT p.seq, p.queue, p.db_hi,
-           (SELECT min(r.db_lo) FROM chaos.acks r
-            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_lo
+           (SELECT min(r.token_lo) FROM chaos.acks r
+            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_token
     FROM chaos.acks p
     WHERE p.kind = 'pause' AND p.acked AND p.db_hi IS NOT NULL
 ), every AS (
@@ -270,10 +276,10 @@ WITH pauses AS MATERIALIZED (
           FROM chaos.pruned_attempts) AS a
     JOIN every e ON e.id = a.job_id
 )
-SELECT p.seq, p.queue, p.db_hi AS paused_hi, p.resume_lo, a.job_id, a.lease_token,
+SELECT p.seq, p.queue, p.db_hi AS paused_hi, p.resume_token, a.job_id, a.lease_token,
        a.started_at, a.outcome, a.worker
 FROM pauses p
 JOIN attempts a ON a.queue = p.queue AND a.started_at > p.db_hi
-               AND (p.resume_lo IS NULL OR a.started_at < p.resume_lo)
+               AND (p.resume_token IS NULL OR a.lease_token <= p.resume_token)
 ORDER BY p.seq
 LIMIT 10;
