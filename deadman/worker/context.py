@@ -36,12 +36,14 @@ class JobContext:
         *,
         worker_id: str,
         store: AsyncStore,
+        pool: AsyncConnectionPool[AsyncConn],
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],
         trusted_until: float,
     ) -> None:
-        """``store`` and ``sync_pool``: the handlers' own connections, never the
-        pool the worker's heartbeat, claims and completions use (see process.py)."""
+        """``pool`` and ``sync_pool``: the handlers' own connections, never the pool
+        the worker's heartbeat, claims and completions use (see process.py); the
+        stores only run the fenced completion on the handler's connection."""
         assert job.lease is not None, "a context is only made for a claimed job"
         self.job = job
         self.job_id = job.id
@@ -53,6 +55,7 @@ class JobContext:
         self.idempotency_key = job.idempotency_key or f"deadman-job-{job.id}"
         self.result: Any = None
         self._store = store
+        self._pool = pool
         self._sync_store = sync_store
         self._sync_pool = sync_pool
         self._lock = threading.Lock()
@@ -162,7 +165,7 @@ class JobContext:
     @asynccontextmanager
     async def _async_tx(self) -> AsyncIterator[AsyncConn]:
         self._claim_tx()
-        async with _async_conn(self._store.pool) as conn, conn.transaction():
+        async with _async_conn(self._pool) as conn, conn.transaction():
             yield conn
             self.finishing = True
             try:

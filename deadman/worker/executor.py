@@ -30,14 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from deadman import logs, metrics
 from deadman.api.schema import MAX_DEPTH, check_storable
 from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
-from deadman.store import AsyncStore, Finish, SyncStore
+from deadman.store import AsyncConn, AsyncStore, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
 from deadman.worker.inflight import Abort, Held, Inflight
@@ -123,7 +123,7 @@ class Executor:
         *,
         registry: Registry,
         store: AsyncStore,
-        handler_store: AsyncStore,
+        handler_pool: AsyncConnectionPool[AsyncConn],
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],
         completer: Completer,
@@ -135,8 +135,8 @@ class Executor:
         max_result_bytes: int = 1024 * 1024,
     ) -> None:
         self._registry = registry
-        self._store = store  # the worker's own statements (refusal evidence)
-        self._handler_store = handler_store  # handlers' ctx.transaction()
+        self._store = store
+        self._handler_pool = handler_pool  # async handlers' ctx.transaction()
         self._sync_store = sync_store
         self._sync_pool = sync_pool
         self._completer = completer
@@ -155,7 +155,8 @@ class Executor:
         ctx = JobContext(
             job,
             worker_id=self._worker_id,
-            store=self._handler_store,
+            store=self._store,
+            pool=self._handler_pool,
             sync_store=self._sync_store,
             sync_pool=self._sync_pool,
             trusted_until=claimed_at + self._trust_s,

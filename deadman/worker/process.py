@@ -35,14 +35,15 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from psycopg_pool import ConnectionPool
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from deadman import logs
 from deadman.config import Settings
 from deadman.handlers import builtins
 from deadman.registry import Registry
 from deadman.rescuer import Rescuer
-from deadman.store import AsyncStore, SyncStore
+from deadman.store import AsyncConn, AsyncStore, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.executor import Executor, Slots
 from deadman.worker.heartbeat import Heartbeat
@@ -116,9 +117,17 @@ class Worker:
             timeout=max(1.0, settings.lease_ttl_s / 4),
         )
         # Async handlers' ctx.transaction(): a pool of their own (min_size 0: a worker
-        # whose handlers never use it opens no connection for it).
-        self.handler_store = AsyncStore.create(
-            dsn, min_size=0, max_size=handler_pool_size(settings), timeout=HANDLER_POOL_TIMEOUT_S
+        # whose handlers never use it opens no connection for it). Connections as the
+        # store's (autocommit, dict rows: what handlers always got).
+        self.handler_pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            dsn,
+            min_size=0,
+            max_size=handler_pool_size(settings),
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            open=False,
+            timeout=HANDLER_POOL_TIMEOUT_S,
+            reconnect_timeout=365 * 24 * 3600.0,  # as the store's: outlive any outage
+            name="deadman-handlers",
         )
 
     def _get_sync_pool(self) -> ConnectionPool[Any]:
@@ -151,7 +160,7 @@ class Worker:
     async def run(self) -> int:
         s = self.settings
         await self.store.open(wait=True, timeout=30.0)
-        await self.handler_store.open(wait=False)
+        await self.handler_pool.open(wait=False)
         inflight = Inflight()
         slots = Slots(s.concurrency)
         threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
@@ -161,7 +170,7 @@ class Worker:
         executor = Executor(
             registry=self.registry,
             store=self.store,
-            handler_store=self.handler_store,
+            handler_pool=self.handler_pool,
             sync_store=SyncStore(),
             sync_pool=self._get_sync_pool,
             completer=completer,
@@ -254,7 +263,7 @@ class Worker:
         except Exception as exc:
             log.warning("deregister_failed", error=repr(exc))
         await self.store.close()
-        await self.handler_store.close()
+        await self.handler_pool.close()
         if self._sync_pool is not None:
             self._sync_pool.close()
         threads.shutdown(wait=False, cancel_futures=True)

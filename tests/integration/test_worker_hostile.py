@@ -22,14 +22,14 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import DictRow
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import Registry
-from deadman.store import AsyncStore, ClaimParams, Finish, SyncStore
+from deadman.store import AsyncConn, ClaimParams, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
 from deadman.worker.executor import Executor, Slots
@@ -409,7 +409,7 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
                 executor = Executor(
                     registry=handlers,
                     store=store,
-                    handler_store=store,
+                    handler_pool=store.pool,
                     sync_store=SyncStore(),
                     sync_pool=_no_sync_pool,
                     completer=completer,
@@ -541,20 +541,23 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
             jobs = await worker_store.job_claim(
                 ClaimParams(queue="default", worker="w1", limit=2, ttl_ms=60_000)
             )
-            handler_store = AsyncStore.create(db_dsn, min_size=0, max_size=1, timeout=0.2)
-            await handler_store.open(wait=False)
+            handler_pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+                db_dsn, min_size=0, max_size=1, timeout=0.2, open=False
+            )
+            await handler_pool.open(wait=False)
             sync_pool: ConnectionPool[Any] = ConnectionPool(
                 db_dsn, min_size=0, max_size=1, timeout=0.2, open=True
             )
             try:
-                taken = await handler_store.pool.getconn()
+                taken = await handler_pool.getconn()
                 taken_sync = sync_pool.getconn()
 
                 def ctx_for(job: Job) -> JobContext:
                     return JobContext(
                         job,
                         worker_id="w1",
-                        store=handler_store,
+                        store=worker_store,
+                        pool=handler_pool,
                         sync_store=SyncStore(),
                         sync_pool=lambda: sync_pool,
                         trusted_until=time.monotonic() + 60,
@@ -571,10 +574,10 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
                 with pytest.raises(DatabaseUnavailable) as sync_err:
                     await asyncio.to_thread(sync_handler)
                 messages += [str(async_err.value), str(sync_err.value)]
-                await handler_store.pool.putconn(taken)
+                await handler_pool.putconn(taken)
                 sync_pool.putconn(taken_sync)
             finally:
-                await handler_store.close()
+                await handler_pool.close()
                 sync_pool.close()
         return messages
 
