@@ -13,7 +13,7 @@ jobs after a second, which the other scenarios' exactly-once count cannot live w
   replay``), cancel a workflow (the store call of ``POST /workflows/{id}/cancel``,
   which says which nodes the cancel took and in which state; the HTTP answer only
   shows the states afterwards), pause a queue and resume it;
-- retention of one second for every finished state, run every half second by a
+- retention of one second for every finished state, run every second by a
   pruner of its own (the store calls of the rescuer's retention) besides the workers'
   rescuers, and also at the very moment of some bulk replays (the oldest dead letters,
   which a replay takes first, are the ones retention is deleting).
@@ -68,7 +68,7 @@ QUEUES = ("ops-a", "ops-b", "ops-c")
 PAUSABLE = ("ops-a", "ops-b")  # ops-c always runs: the fleet never idles completely
 #: Retention for every finished state, and how often the scenario's pruner runs.
 RETENTION_MS = 1000
-PRUNE_EVERY_S = 0.5
+PRUNE_EVERY_S = 1.0
 #: The operator acts until the submissions are in and the fleet is nearly through
 #: them (OPERATE_UNTIL_LEFT of the jobs unfinished), at least OPERATE_TAIL_S after
 #: the last submission; replays keep feeding it work, so OPERATE_MAX_S at most.
@@ -204,9 +204,13 @@ class Operator(threading.Thread):
         try:
             pruner = asyncio.create_task(self._prune(store))
             try:
-                await self._submit()
-                await self._operate(store)
-                await self._resume_all()
+                # The operator acts while the jobs are still going in, as people do.
+                submitting = asyncio.create_task(self._submit())
+                try:
+                    await self._operate(store, submitting)
+                finally:
+                    await self._resume_all()
+                await submitting  # its failure, if any, is the run's
             finally:
                 self.operated.set()
             await asyncio.to_thread(self.stop.wait)  # pruning goes on through the drain
@@ -320,18 +324,23 @@ class Operator(threading.Thread):
 
     # -- acting ------------------------------------------------------------------------
 
-    async def _operate(self, store: AsyncStore) -> None:
+    async def _operate(self, store: AsyncStore, submitting: asyncio.Task[None]) -> None:
         client = ApiClient(self.api.port, timeout=30.0)
         names, weights = zip(*ACTIONS, strict=True)
-        tail_ends = time.monotonic() + OPERATE_TAIL_S
-        give_up = time.monotonic() + min(OPERATE_MAX_S, self.cfg.timeout / 2)
+        tail_ends = give_up = float("inf")  # counted from the last submission
         next_look = 0.0
         busy = True
         try:
             while not self.stop.is_set() and (busy or time.monotonic() < tail_ends):
-                if time.monotonic() >= next_look:
-                    next_look = time.monotonic() + 0.5
-                    busy = await self._busy() and time.monotonic() < give_up
+                now = time.monotonic()
+                if submitting.done() and tail_ends == float("inf"):
+                    if submitting.exception() is not None:
+                        return
+                    tail_ends = now + OPERATE_TAIL_S
+                    give_up = now + min(OPERATE_MAX_S, self.cfg.timeout / 2)
+                if now >= next_look:
+                    next_look = now + 0.5
+                    busy = not submitting.done() or (await self._busy() and now < give_up)
                 await self._toggle_pauses(client)
                 action = self.rng.choices(names, weights)[0]
                 if action == "cancel-queued":
