@@ -643,6 +643,7 @@ class OperatorsPhase:
         self, op: Operator, pool: WorkerPool, drained_s: float | None, api_exit: int | None
     ) -> list[Check]:
         cfg = self.cfg
+        server_errors = {k: n for k, n in op.statuses.items() if k.split()[-1].startswith("5")}
         return [
             Check(
                 "operators: every submission acknowledged (harness)",
@@ -658,9 +659,14 @@ class OperatorsPhase:
             Check(
                 "operators: workers SIGKILLed and replaced, none exited on its own, API up "
                 "(harness)",
-                pool.kills > 0 and not pool.unexpected and api_exit is None and not op.errors,
+                pool.kills > 0 and not pool.unexpected and api_exit is None,
                 f"{pool.kills} SIGKILLs, {pool.spawns} worker starts, "
-                f"{len(pool.unexpected)} unexpected exits, API exit code {api_exit}"
+                f"{len(pool.unexpected)} unexpected exits, API exit code {api_exit}",
+            ),
+            Check(
+                "operators: every operator action was answered, none failed (harness)",
+                not op.errors and not server_errors,
+                f"{sum(op.statuses.values())} actions; server errors {server_errors or 'none'}"
                 + "".join(f"; {e}" for e in op.errors[:3]),
             ),
         ]

@@ -152,6 +152,10 @@ def test_reduced_run_of_every_scenario_over_http(tmp_path: Path) -> None:
     assert partition.get("ok") or "skipped" in partition, partition
     f = report["figures"]
     assert f["effects"]["exactly_once"] == 5000 and f["effects"]["doubled_jobs"] == 0
+    # --all includes the operators scenario, scaled down, in a database of its own
+    ops = report["operators"]
+    assert ops["jobs"] == 1000 and ops["figures"]["ops_retries"]["acknowledged"] > 0
+    assert any(c["name"].startswith("operators: no attempt started") for c in report["checks"])
 
 
 @pytest.mark.slow
