@@ -357,7 +357,9 @@ class Operator(threading.Thread):
                     # The dead letters replayed first are the oldest, the very rows
                     # retention is deleting right now (a DELETE that waits on a
                     # replayed row's lock must not take it once requeued).
-                    await asyncio.gather(self._replay(store), self._prune_once(store))
+                    await asyncio.gather(
+                        self._prune_once(store), self._replay(store, 0.005, everything=True)
+                    )
                 else:
                     await self._cancel_workflow(store)
                 await asyncio.sleep(STEP_S)
@@ -424,9 +426,14 @@ class Operator(threading.Thread):
             state=parsed.get("state") if ok else None,
         )
 
-    async def _replay(self, store: AsyncStore) -> None:
-        queue = self.rng.choice(QUEUES)
-        kind = self.rng.choice((None, None, "fail", "chaos-flaky"))
+    async def _replay(
+        self, store: AsyncStore, after_s: float = 0.0, everything: bool = False
+    ) -> None:
+        """A bulk replay of a queue's dead letters (of one type, sometimes), or of
+        every dead letter (``deadman dlq replay --all``)."""
+        queue = None if everything else self.rng.choice(QUEUES)
+        kind = None if everything else self.rng.choice((None, None, "fail", "chaos-flaky"))
+        await asyncio.sleep(after_s)  # e.g. once a prune's DELETE is under way
         lo = await self._now()
         if lo is None:
             return
