@@ -108,6 +108,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._signals = 0
         self._sync_pool: ConnectionPool[Any] | None = None
+        self.producer: Producer | None = None
         self._sync_pool_lock = threading.Lock()
         pool_max = worker_pool_size(settings)
         self.store = AsyncStore.create(
@@ -190,6 +191,7 @@ class Worker:
             worker_id=self.worker_id,
             queues=self.queues,
         )
+        self.producer = producer  # for tests and a debugger: claims made so far
         # A retry or release makes a job due later; the idle producer must look again.
         completer.on_requeue = producer.wake
         heartbeat = Heartbeat(

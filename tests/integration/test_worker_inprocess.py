@@ -153,6 +153,13 @@ class WorkerThread:
         return self.code
 
     @property
+    def claims(self) -> int:
+        """Claim statements the worker's producer has sent so far."""
+        assert self._worker is not None
+        producer = self._worker.producer
+        return 0 if producer is None else producer.claims
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
