@@ -9,5 +9,7 @@ acknowledged job ran to exactly one effect.
 - ``netns``: the network namespace, veth and forwarder a partitioned worker sits behind.
 - ``submit`` and ``http``: the two submission paths (Python client, ``deadman serve``).
 - ``verify``: the checks, from the named queries in ``verify.sql``.
+- ``operators``: operators under fire (cancel, retry, bulk replay, pause, one-second
+  retention) in a database of its own; ``verify_ops`` judges it (``verify_ops.sql``).
 - ``harness``: orchestration and the report.
 """

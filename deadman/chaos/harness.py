@@ -19,6 +19,11 @@ The run goes in phases:
    and 90% of the jobs have succeeded.
 4. **Drain**: wait until nothing is outstanding (or ``--timeout``), stop the workers.
 5. **Verify**: the SQL of ``verify.sql`` plus what the harness saw; report + JSON.
+6. **Operators under fire** (the ``operators`` scenario, in ``--all``): afterwards, in
+   a database of its own (its one-second retention deletes the jobs the exactly-once
+   count above needs), with a fleet and an API server of its own, scaled to a tenth
+   of ``--jobs`` unless it runs alone; verified by ``verify_ops.sql`` against the
+   journal of what the operator was told (``deadman/chaos/operators.py``).
 """
 
 from __future__ import annotations
