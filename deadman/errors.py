@@ -74,8 +74,14 @@ def translate() -> Iterator[None]:
         raise InvalidJob(str(exc.diag.message_primary or exc)) from exc
     except psycopg.DataError as exc:  # refused client-side while adapting a value
         raise InvalidJob(str(exc)) from exc
+    except psycopg.OperationalError as exc:
+        # Class 54 (program limit exceeded: a jsonb over 256 MiB, JSON nested too
+        # deep) is what psycopg calls operational, but no retry can ever succeed: a
+        # writer that retried it did so for ever.
+        if (exc.sqlstate or "").startswith("54"):
+            raise InvalidJob(str(exc.diag.message_primary or exc)) from exc
+        raise DatabaseUnavailable(str(exc)) from exc
     except (
-        psycopg.OperationalError,
         psycopg.InterfaceError,
         # the server ended a session left idle in its transaction (see rescuer_try_lock):
         # the connection is gone, as after any other disconnect

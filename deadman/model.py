@@ -141,9 +141,7 @@ def validate_max_attempts(max_attempts: int) -> int:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         raise InvalidJob("max_attempts must be an integer")
     if not MAX_ATTEMPTS_MIN <= max_attempts <= MAX_ATTEMPTS_MAX:
-        raise InvalidJob(
-            f"max_attempts must be between {MAX_ATTEMPTS_MIN} and {MAX_ATTEMPTS_MAX}"
-        )
+        raise InvalidJob(f"max_attempts must be between {MAX_ATTEMPTS_MIN} and {MAX_ATTEMPTS_MAX}")
     return max_attempts
 
 

@@ -54,6 +54,10 @@ class Rescuer:
                 await self.tick()
             except DatabaseUnavailable as exc:
                 log.warning("rescuer_db_unavailable", error=str(exc))
+            except Exception as exc:
+                # A bug or an unexpected database error must not end the rescuer: a
+                # standalone `deadman rescuer` would exit and nobody would rescue.
+                log.error("rescuer_error", error=repr(exc)[:500])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._settings.rescue_s)
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deadman.api.problems import FieldError, Problem
+from deadman.api.problems import Problem
 from deadman.model import Job
+from deadman.storable import FieldError
 from deadman.store import AsyncStore, NewJob
 
 # The row of a replayed key can vanish between our insert and our read only if

@@ -11,6 +11,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from deadman import storable
 from deadman.api import schema
 from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.config import Settings
@@ -603,7 +604,7 @@ def _shared_responses(settings: Settings) -> dict[str, Any]:
         ),
         "Unprocessable": _problem(
             "The request breaks the schema (`errors` names each field; JSON nested deeper "
-            f"than {schema.MAX_DEPTH} levels, \\u0000 and unpaired surrogates included), or "
+            f"than {storable.MAX_DEPTH} levels, \\u0000 and unpaired surrogates included), or "
             "its Idempotency-Key was already used for a different request "
             "(type ...:idempotency-key-reused)."
         ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
-from typing import Any, TypedDict
+from typing import Any
 
 from psycopg_pool import PoolClosed, PoolTimeout
 from starlette.exceptions import HTTPException
@@ -31,6 +31,7 @@ from deadman.errors import (
     NotFound,
     SchemaMismatch,
 )
+from deadman.storable import FieldError
 
 log = logs.get("deadman.api")
 
@@ -58,11 +59,6 @@ KINDS: dict[str, tuple[int, str]] = {
     "not-ready": (503, "Not Ready"),
     "http": (400, "Bad Request"),  # any other HTTP-level error; title from the status
 }
-
-
-class FieldError(TypedDict):
-    field: str
-    message: str
 
 
 class Problem(Exception):

@@ -33,10 +33,10 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from deadman import logs, metrics
-from deadman.api.schema import MAX_DEPTH, check_storable
 from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
+from deadman.storable import MAX_DEPTH, check_storable
 from deadman.store import AsyncConn, AsyncStore, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext

@@ -101,8 +101,10 @@ def test_the_completer_writes_at_most_in_flight_batches_at_once(
         assert row == {"ok": 40, "attempts": 40}
 
 
-def test_a_flush_that_raises_takes_the_completer_down(db_dsn: str) -> None:
-    """A bug in a flush must not vanish into an unawaited task."""
+def test_a_flush_that_raises_fails_its_rows_not_the_completer(db_dsn: str) -> None:
+    """A bug in a flush must not vanish into an unawaited task, nor end the task: the
+    submitter gets the error (the executor then fails the attempt), and the completer
+    keeps running for every other outcome."""
 
     class Broken(AsyncStore):
         async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
@@ -114,12 +116,12 @@ def test_a_flush_that_raises_takes_the_completer_down(db_dsn: str) -> None:
         try:
             completer = Completer(store, "w")
             runner = asyncio.create_task(completer.run())
-            submitted = asyncio.create_task(
-                completer.submit(Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED), "q")
-            )
+            finish = Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
             with pytest.raises(RuntimeError, match="boom"):
-                await asyncio.wait_for(runner, 10)
-            submitted.cancel()
+                await asyncio.wait_for(completer.submit(finish, "q"), 10)
+            assert not runner.done()
+            completer.stop()
+            await asyncio.wait_for(runner, 10)
         finally:
             await store.close()
 

@@ -524,3 +524,27 @@ def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None
     with connect(db_dsn) as conn:
         assert job_row(conn, job_id)["state"] == "succeeded"
         assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["succeeded"]
+
+
+def test_an_unexpected_error_does_not_end_the_rescuer(db_dsn: str) -> None:
+    """A standalone `deadman rescuer` whose tick hit an error it did not expect used to
+    exit, and then nobody rescued: it logs the error and ticks again."""
+
+    class Flaky(Rescuer):
+        calls = 0
+
+        async def tick(self) -> TickReport:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("a bug in one tick")
+            if Flaky.calls >= 3:
+                self.stop()
+            return await super().tick()
+
+    async def main() -> None:
+        async with async_store(db_dsn) as store:
+            rescuer = Flaky(store, Settings(rescue_s=0.05))
+            await asyncio.wait_for(rescuer.run(), 10)
+
+    run_async(main)
+    assert Flaky.calls >= 3

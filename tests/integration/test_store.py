@@ -510,3 +510,13 @@ def test_a_nul_in_an_error_text_is_escaped_not_fatal(db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as conn:
         row = conn.execute("SELECT last_error FROM deadman.jobs WHERE id = %s", [job.id]).fetchone()
     assert row is not None and row[0] == "a\\x00b"
+
+
+def test_a_program_limit_is_invalid_input_not_a_database_outage(db_dsn: str) -> None:
+    """Postgres refuses JSON nested ~50,000 deep with 54001, which psycopg files under
+    OperationalError; as DatabaseUnavailable it was retried for ever."""
+    from deadman.errors import InvalidJob, translate
+
+    deep = "[" * 60_000 + "]" * 60_000
+    with psycopg.connect(db_dsn) as conn, pytest.raises(InvalidJob), translate():
+        conn.execute("SELECT %s::jsonb", (deep,))
