@@ -694,14 +694,35 @@ class AsyncStore:
 
     async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
         rows = await self._all("job_claim", claim_params(p), retry_s)
-        return [Job.from_row(r) for r in rows]
+        return await self._readable(rows)
 
     async def job_claim_quarantined(
         self, p: ClaimParams, retry_s: float | None = None
     ) -> list[Job]:
         """At most one quarantined job; only for a worker that holds nothing else."""
         rows = await self._all("job_claim_quarantined", claim_params(p), retry_s)
-        return [Job.from_row(r) for r in rows]
+        return await self._readable(rows)
+
+    async def _readable(self, rows: Sequence[DictRow]) -> list[Job]:
+        """The claimed rows as jobs. A row this code cannot read (a backoff or payload
+        written by hand, or by a newer version) ends dead at once, fenced by the
+        token just taken, with the reason; its batch-mates are claimed as usual.
+        Raising instead lost the whole batch's claim to the rescuer, a rescue
+        counted against every job in it."""
+        jobs: list[Job] = []
+        broken: list[Finish] = []
+        for r in rows:
+            try:
+                jobs.append(Job.from_row(r))
+            except Exception as exc:
+                error = f"the job row cannot be read by this worker: {exc!r}"[:2000]
+                outcome = AttemptOutcome.FAILED
+                broken.append(
+                    Finish(int(r["id"]), int(r["lease_token"]), JobState.DEAD, outcome, error=error)
+                )
+        if broken:
+            await self.job_finish_many(broken)
+        return jobs
 
     async def job_quarantine_pending(self, queues: Sequence[str], quarantine_at: int) -> bool:
         rows = await self._all(

@@ -508,21 +508,38 @@ def test_an_abandoned_lease_is_not_renewed_while_its_thread_runs_on(
 
 def test_a_job_row_the_worker_cannot_read_does_not_stop_it(db_dsn: str, client: Client) -> None:
     """A backoff written by hand (no API or Client would accept it) makes the claimed
-    row unreadable. The producer logs it and goes on; the job's lease lapses and, as a
-    suspected poison pill, it ends dead after max_rescues; other jobs keep running."""
+    row unreadable. It ends dead at once with the reason (fenced by the token just
+    taken); other jobs keep running."""
     with connect(db_dsn) as conn:
         bad = insert_job(conn, type="r.ok").id
         conn.execute("UPDATE deadman.jobs SET backoff = '\"bogus\"' WHERE id = %s", (bad,))
-        settings = SETTINGS.with_(max_rescues=1)
-        with running_worker(db_dsn, settings, handlers=handlers) as worker:
+        with running_worker(db_dsn, SETTINGS, handlers=handlers) as worker:
             try:
                 wait_for(lambda: job_row(conn, bad)["state"] == "dead", 15, message="dead")
                 good = client.enqueue("r.ok").id
                 wait_for(lambda: job_row(conn, good)["state"] == "succeeded", 10, message="ok")
             finally:
                 code = worker.stop()
-        assert [a["outcome"] for a in attempt_rows(conn, bad)] == ["lease_expired"] * 2
+        history = attempt_rows(conn, bad)
+        assert [a["outcome"] for a in history] == ["failed"]
+        assert "cannot be read" in (history[0]["error"] or "")
     assert code == 0
+
+
+def test_an_unreadable_row_does_not_cost_its_batch_mates_their_claim(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        bad = insert_job(conn).id
+        good = insert_job(conn).id
+        conn.execute("UPDATE deadman.jobs SET backoff = '\"bogus\"' WHERE id = %s", (bad,))
+
+        async def claim() -> list[int]:
+            async with async_store(db_dsn) as store:
+                p = ClaimParams(queue="default", worker="w", limit=2, ttl_ms=60_000)
+                return [j.id for j in await store.job_claim(p)]
+
+        assert run_async(claim) == [good]
+        assert job_row(conn, bad)["state"] == "dead"
+        assert job_row(conn, good)["state"] == "running"
 
 
 # ------------------------------------------------------------------ handler pools
