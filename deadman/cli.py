@@ -217,13 +217,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             action="serving anyway; /ready answers 503 until the database is back",
         )
 
-    uvicorn.run(
-        create_app(settings, dsn),
-        host=args.host,
-        port=args.port,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
-    )
+    try:
+        uvicorn.run(
+            create_app(settings, dsn),
+            host=args.host,
+            port=args.port,
+            log_level=settings.log_level.lower(),
+            timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+        )
+    except SystemExit as exc:
+        # uvicorn exits 3 when it cannot listen (its ERROR line above says why); our
+        # 3 means "database unavailable", so this is 1: the operation failed.
+        if exc.code in (None, 0):
+            return EXIT_OK
+        print(f"deadman: serve: cannot listen on {args.host}:{args.port}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -55,10 +55,15 @@ def _leaf_commands() -> set[tuple[str, ...]]:
 
 
 def run(
-    capsys: pytest.CaptureFixture[str], argv: list[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    **env: str,
 ) -> tuple[int, str, str]:
     for key in [k for k in os.environ if k.startswith("DEADMAN_")]:
         monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's usage errors
@@ -161,8 +166,8 @@ USAGE: list[list[str]] = [
         for cmd in (["jobs", "ls"], ["migrate"], ["worker"], ["rescuer"], ["serve"], ["stats"])
         for bad in ("not a dsn", "postgresql://u:pw@h:99999/x", "host='open", SURROGATE)
     ],
-    ["jobs", "ls"],  # no DEADMAN_DATABASE_URL and no --database-url
-    ["worker"],
+    NO_URL_JOBS := ["jobs", "ls"],  # no DEADMAN_DATABASE_URL and no --database-url
+    NO_URL_WORKER := ["worker"],
 ]
 
 
@@ -179,7 +184,10 @@ def _usage_id(argv: list[str]) -> str:
 def test_hostile_arguments_are_usage_errors_in_one_line(
     argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, _, err = run(capsys, argv, monkeypatch)
+    # A database is configured (down: 3, not 2), so only the argument itself can
+    # make this a usage error.
+    url = {} if argv in (NO_URL_JOBS, NO_URL_WORKER) else {"DEADMAN_DATABASE_URL": _nowhere()}
+    code, _, err = run(capsys, argv, monkeypatch, DEADMAN_STARTUP_WAIT_S="0", **url)
     assert_short_error(code, 2, err)
 
 
@@ -346,3 +354,14 @@ def test_a_worker_refuses_a_bad_setting_naming_it(what: str, raw: bytes, var: st
     done = _deadman(["worker"], env)
     assert_process_error(done, 2, var)
     assert time.monotonic() - started < 30
+
+
+def test_serve_that_cannot_listen_exits_1_in_one_line() -> None:
+    """uvicorn's own exit code for this is 3, which is ours for "database down"."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for host, p in (("127.0.0.1", port), ("999.1.1.1", "8080")):
+            done = _deadman(["serve", "--host", host, "--port", p, "--database-url", _nowhere()])
+            assert_process_error(done, 1, f"cannot listen on {host}:{p}")
