@@ -18,7 +18,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from deadman.errors import ConfigError
-from deadman.model import QUEUE_RE
+from deadman.model import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, QUEUE_RE
 
 T = TypeVar("T")
 
@@ -82,7 +82,8 @@ class Settings:
         _range(self.concurrency, 1, 10_000, "DEADMAN_CONCURRENCY")
         _require(len(self.queues) > 0, "DEADMAN_QUEUES", "must name at least one queue")
         _require(len(self.queues) <= 1000, "DEADMAN_QUEUES", "must name at most 1000 queues")
-        _range(self.max_attempts, 1, 100, "DEADMAN_MAX_ATTEMPTS")
+        # the bounds HTTP and Client use too (bug 9: they disagreed once)
+        _range(self.max_attempts, MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, "DEADMAN_MAX_ATTEMPTS")
         _range(self.max_rescues, 0, 1000, "DEADMAN_MAX_RESCUES")
         _range(self.shutdown_grace_s, 0, DAY_S, "DEADMAN_SHUTDOWN_GRACE_S")
         _range(self.max_payload_bytes, 1, 2**30, "DEADMAN_MAX_PAYLOAD_BYTES")
