@@ -231,6 +231,48 @@ def test_serve_started_while_postgres_is_down_is_up_and_turns_ready(
     assert PASSWORD not in proc.log_text()
 
 
+def test_a_worker_waits_while_postgres_is_in_recovery_then_runs(
+    down: Down, spawn_worker: SpawnWorker
+) -> None:
+    """A server that is up but refuses connections while it recovers ("the database
+    system is starting up" after a crash; here, persistently, a standby with hot
+    standby off: "... is not accepting connections") is waited out like an outage."""
+    cluster = down.cluster
+    conf = cluster.datadir / "deadman.conf"
+    original = conf.read_text(encoding="utf-8")
+    signal_file = cluster.datadir / "standby.signal"
+    devdb._write_owned(conf, original + "hot_standby = off\n")
+    devdb._write_owned(signal_file, "")
+    try:
+        started = devdb._run(
+            [
+                str(cluster._bin("pg_ctl")),
+                "start",
+                "--pgdata",
+                str(cluster.datadir),
+                "--log",
+                str(cluster.datadir / "deadman.log"),
+                "--wait",
+                "--silent",
+            ]
+        )
+        assert started.returncode == 0, started.stdout + started.stderr
+        dsn = down.dsn(down.migrated)
+        worker = spawn_worker(dsn)
+        lines = _alive_and_waiting(worker, waiting_for="connection")
+        assert "not accepting connections" in str(lines[0]["reason"])
+        cluster.stop("fast")
+    finally:
+        signal_file.unlink(missing_ok=True)
+        devdb._write_owned(conf, original)
+    down.start()
+    wait_registered(dsn, worker.pid, timeout=AFTER_START_S)
+    with connect(dsn) as conn:
+        job = insert_job(conn, type="noop")
+    wait_state(dsn, job.id, "succeeded", timeout=20)
+    _assert_clean_log(worker)
+
+
 def test_a_fleet_waits_once_then_starts_its_children(down: Down, spawn_worker: SpawnWorker) -> None:
     dsn = down.dsn(down.migrated)
     fleet = spawn_worker(dsn, processes=2)
