@@ -9,6 +9,7 @@ it from the planner's statistics, and every such number says it is an estimate.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from starlette.routing import Route
 
 from deadman.api import schema
 from deadman.api.openapi import document
-from deadman.api.problems import Problem
+from deadman.api.problems import Problem, unavailable
 from deadman.api.serialize import STATES, worker_json
 from deadman.api.state import ApiState, api_state
 from deadman.errors import DatabaseUnavailable
@@ -112,10 +113,21 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+#: how long /ready waits for the database before it answers 503
+READY_TIMEOUT_S = 0.8
+
+
 async def ready(request: Request) -> Response:
     """200 only if the database answers and its schema is the one this code needs."""
     state = api_state(request)
-    have = await state.store.schema_version_get()
+    try:
+        # A probe's own timeout is often 1 s (Kubernetes' default): answer within it
+        # rather than after the pool's whole wait for a connection.
+        have = await asyncio.wait_for(state.store.schema_version_get(), READY_TIMEOUT_S)
+    except TimeoutError:
+        raise unavailable(
+            f"the database did not answer within {READY_TIMEOUT_S} s; retry later"
+        ) from None
     if have != state.schema_version:
         raise Problem(
             "not-ready",

@@ -22,6 +22,8 @@ log = logs.get("deadman.fleet")
 
 STABLE_AFTER_S = 30.0
 MAX_BACKOFF_S = 30.0
+#: a child's exit code for a usage or configuration error (cli.EXIT_USAGE)
+EXIT_MISCONFIGURED = 2
 
 
 @dataclass
@@ -80,6 +82,15 @@ class Fleet:
                     clean = code in (0, -signal.SIGTERM, -signal.SIGINT)
                     worst = max(worst, 0 if clean else 1)
                     c.proc = None
+                    continue
+                if code == EXIT_MISCONFIGURED:
+                    # A configuration error fails the same way on every restart: stop
+                    # the fleet and say so (exit 2), instead of a restart loop for ever.
+                    log.error("fleet_child_misconfigured", index=c.index, pid=c.proc.pid)
+                    c.proc = None
+                    worst = EXIT_MISCONFIGURED
+                    self._on_signal(signal.SIGTERM, None)
+                    self.signals = 0
                     continue
                 up = now - c.started_at
                 if up >= STABLE_AFTER_S:

@@ -342,6 +342,21 @@ def test_ready_is_503_when_migrations_are_not_current(db_dsn: str) -> None:
         assert c.get("/ready").status_code == 200
 
 
+def test_ready_answers_503_within_a_probe_timeout_while_the_database_is_down() -> None:
+    """/ready used to wait the pool's whole timeout (5 s here) before its 503, past a
+    probe's usual 1 s timeout: the probe saw a hung server, not an unready one."""
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres?connect_timeout=1"
+    with api_client(dsn, pool_timeout_s=5.0) as c:
+        started = time.monotonic()
+        r = c.get("/ready")
+        took = time.monotonic() - started
+    assert_problem(r, 503, "database-unavailable")
+    assert took < 1.0, took
+
+
 # ---------------------------------------------------------------------------- routes
 
 
