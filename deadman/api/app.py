@@ -8,8 +8,9 @@ the pool's background reconnection succeeds. Nothing here blocks the event loop:
 all database work goes through the async store.
 
 Requests pass, outermost first: Starlette's error middleware (the last-resort 500
-problem) -> request metrics -> bearer auth (before any body is read) -> body size
-limit -> exception handlers (problems) -> the routes.
+problem) -> request metrics -> bearer auth (before any body is read) -> the
+dashboard's signed sessions (``/ui`` only) -> body size limit -> exception handlers
+(problems) -> the routes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from deadman.api import routes_jobs, routes_ops, routes_workflows, ui
-from deadman.api.auth import BearerAuth
+from deadman.api.auth import BearerAuth, DashboardSessions
 from deadman.api.limits import BodyLimit
 from deadman.api.problems import EXCEPTION_HANDLERS
 from deadman.api.state import ApiState
@@ -79,6 +80,7 @@ def create_app(
         middleware=[
             Middleware(RequestMetrics),
             Middleware(BearerAuth, token=settings.api_token),
+            Middleware(DashboardSessions, token=settings.api_token),
             Middleware(BodyLimit, limit=settings.max_payload_bytes),
         ],
         exception_handlers=EXCEPTION_HANDLERS,

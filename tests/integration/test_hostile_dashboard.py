@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from deadman.api.auth import SESSION_COOKIE
 from tests.factories import connect, insert_job
 from tests.integration.test_api_support import client, make_app, serve
 
@@ -192,7 +193,9 @@ def test_forms_without_csrf_proof_or_credentials_change_nothing(
                 {"Authorization": "Bearer wrong"},
                 {"Authorization": "Basic " + TOKEN},
                 {"Cookie": "deadman_ui=forged"},
-                {"Cookie": "deadman_ui=" + "a" * 5000},
+                {"Cookie": f"{SESSION_COOKIE}=forged"},
+                {"Cookie": f"{SESSION_COOKIE}=" + "a" * 5000},
+                {"Cookie": f"{SESSION_COOKIE}=e30.aw6HYw.%ED%A0%80"},
             ):
                 r = anonymous.post(path, headers={"Origin": base, **credentials})
                 _is_clear_4xx(r, (401,))

@@ -1,11 +1,13 @@
-"""The dashboard at /ui over a real server and database: auth (bearer or the sign-in
-cookie), the CSRF guard on POSTs, escaping of user data, every page, and the replay,
-cancel and pause actions."""
+"""The dashboard at /ui over a real server and database: auth (bearer or the signed
+session; the sessions' own tests are in test_ui_sessions.py), the CSRF guard on
+POSTs, escaping of user data (all of it: test_ui_escaping.py), every page, and the
+replay, cancel and pause actions."""
 
 from __future__ import annotations
 
 import httpx
 
+from deadman.api.auth import SESSION_COOKIE, SESSION_TTL_S
 from tests.factories import connect, insert_job, job_row
 from tests.integration.test_api_support import client, make_app, serve
 
@@ -27,12 +29,13 @@ def test_auth_by_header_or_sign_in_cookie(db_dsn: str) -> None:
         # the JSON API still wants the header: the cookie is no API credential
         bad = c.post("/ui/login", data={"token": "wrong"}, headers=origin)
         assert bad.status_code == 401 and "not valid" in bad.text
-        assert "deadman_ui" not in c.cookies
+        assert SESSION_COOKIE not in c.cookies
         ok = c.post("/ui/login", data={"token": TOKEN}, headers=origin, follow_redirects=False)
         assert ok.status_code == 303
-        cookie = ok.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
-        assert TOKEN not in cookie
+        cookie = ok.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=lax" in cookie and "path=/ui;" in cookie
+        assert f"max-age={SESSION_TTL_S}" in cookie and "secure" not in cookie  # plain http
+        assert TOKEN.lower() not in cookie
         assert c.get("/ui/").status_code == 200
         assert c.get("/jobs").status_code == 401  # API routes ignore the cookie
         # a sign-in posted from another site is refused
