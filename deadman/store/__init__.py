@@ -1,0 +1,87 @@
+"""The store: the only seam between Deadman and Postgres.
+
+One method per named query in ``db/queries.sql`` (noun_verb: ``job_insert``,
+``job_claim``, ...), parameters as frozen dataclasses where there are more than
+two. Psycopg errors become Deadman errors where a connection is used, and nowhere
+else (``deadman.errors.translate``).
+
+A package of small modules by noun: what a client submits (``jobs``, ``batches``,
+``workflows``), the worker's lease lifecycle (``leases``), the rescuer's and
+cleaner's parameters (``maintenance``), listing (``reads``); and the two ways to
+run the statements: ``AsyncStore`` (the worker and the API, over a pool; its
+connection handling in ``async_base``) and ``SyncStore`` (the Python client and
+sync handlers, on the caller's connection so that an enqueue joins the caller's
+transaction). Everything is importable from here.
+"""
+
+from __future__ import annotations
+
+from deadman.store.async_base import AsyncBase
+from deadman.store.async_store import AsyncStore
+from deadman.store.batches import (
+    BatchInserted,
+    batch_dependencies,
+    batch_edges,
+    batch_params,
+    batch_verdicts,
+    match_batch,
+)
+from deadman.store.conn import AsyncConn, SyncConn
+from deadman.store.jobs import MAX_DELAY_MS, MAX_TIMEOUT_MS, NewJob, UnknownDependency, deps_verdict
+from deadman.store.leases import (
+    FINISH_IDLE_MS,
+    ClaimParams,
+    Finish,
+    HeartbeatParams,
+    claim_params,
+    finish_params,
+    heartbeat_params,
+)
+from deadman.store.maintenance import PruneParams, Rescued, RescueParams, quarantine_at
+from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
+from deadman.store.sync_store import SyncStore, is_transient
+from deadman.store.workflows import (
+    MAX_EDGES,
+    MAX_NODES,
+    InvalidWorkflow,
+    NewWorkflow,
+    workflow_params,
+)
+
+__all__ = [
+    "FINISHED_COUNT_CAP",
+    "FINISH_IDLE_MS",
+    "MAX_DELAY_MS",
+    "MAX_EDGES",
+    "MAX_NODES",
+    "MAX_TIMEOUT_MS",
+    "AsyncBase",
+    "AsyncConn",
+    "AsyncStore",
+    "BatchInserted",
+    "ClaimParams",
+    "Finish",
+    "HeartbeatParams",
+    "InvalidWorkflow",
+    "ListParams",
+    "NewJob",
+    "NewWorkflow",
+    "PruneParams",
+    "RescueParams",
+    "Rescued",
+    "SyncConn",
+    "SyncStore",
+    "UnknownDependency",
+    "batch_dependencies",
+    "batch_edges",
+    "batch_params",
+    "batch_verdicts",
+    "claim_params",
+    "deps_verdict",
+    "finish_params",
+    "heartbeat_params",
+    "is_transient",
+    "match_batch",
+    "quarantine_at",
+    "workflow_params",
+]

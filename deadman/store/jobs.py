@@ -1,0 +1,159 @@
+"""What a client may submit as one job (`NewJob`), validated on construction, and
+the verdict on its dependencies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from deadman.errors import InvalidJob
+from deadman.model import (
+    Backoff,
+    JobState,
+    validate_max_attempts,
+    validate_priority,
+    validate_queue,
+    validate_type,
+)
+
+MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
+MAX_TIMEOUT_MS = 2**31 - 1  # the column is an integer
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue. Validated on construction: bad input never reaches SQL."""
+
+    type: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    delay_ms: int = 0
+    max_attempts: int | None = None  # None: DEADMAN_MAX_ATTEMPTS
+    backoff: Backoff = field(default_factory=Backoff)
+    timeout_ms: int | None = None
+    idempotency_key: str | None = None
+    #: ids of jobs that must succeed first (the job waits; see job_deps_lock)
+    depends_on: tuple[int, ...] = ()
+    #: schedule-to-start: not started by then, the job ends dead ('expired')
+    start_by: datetime | None = None
+    #: total across retries: no attempt starts after it ('deadline')
+    deadline: datetime | None = None
+    heartbeat_timeout_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_type(self.type)
+        validate_queue(self.queue)
+        validate_priority(self.priority)
+        if self.run_at is not None and self.delay_ms:
+            raise InvalidJob("give run_at or delay, not both")
+        if self.run_at is not None and self.run_at.tzinfo is None:
+            raise InvalidJob("run_at must carry a time zone")
+        if self.delay_ms < 0:
+            raise InvalidJob("delay must not be negative")
+        if self.delay_ms > MAX_DELAY_MS:
+            raise InvalidJob(f"delay must be at most {MAX_DELAY_MS} ms (10 years)")
+        if self.max_attempts is not None:
+            validate_max_attempts(self.max_attempts)
+        if self.timeout_ms is not None and not 0 < self.timeout_ms <= MAX_TIMEOUT_MS:
+            raise InvalidJob(f"timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
+        if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
+            raise InvalidJob("idempotency_key must be 1-255 characters")
+        for name in ("start_by", "deadline"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise InvalidJob(f"{name} must carry a time zone")
+        if self.heartbeat_timeout_ms is not None and not (
+            0 < self.heartbeat_timeout_ms <= MAX_TIMEOUT_MS
+        ):
+            raise InvalidJob(f"heartbeat timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise InvalidJob("depends_on names a job twice")
+
+    def request_hash(self) -> str:
+        """A fingerprint of what was asked, to tell a replay from a different request."""
+        body = {
+            "type": self.type,
+            "payload": self.payload,
+            "queue": self.queue,
+            "priority": self.priority,
+            "run_at": self.run_at.astimezone(UTC).isoformat() if self.run_at else None,
+            "delay_ms": self.delay_ms,
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff.to_json(),
+            "timeout_ms": self.timeout_ms,
+        }
+        # Only when given: the hashes of jobs that do not use them stay as they were.
+        if self.depends_on:
+            body["depends_on"] = list(self.depends_on)
+        for name in ("start_by", "deadline"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value.astimezone(UTC).isoformat()
+        if self.heartbeat_timeout_ms is not None:
+            body["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def params(
+        self,
+        default_max_attempts: int,
+        *,
+        pending_deps: int = 0,
+        upstream_error: str | None = None,
+    ) -> dict[str, Any]:
+        """job_insert's parameters; ``pending_deps``/``upstream_error`` come from
+        job_deps_lock (see :func:`deps_verdict`). The request's fingerprint only
+        matters (and is only computed) when there is an idempotency key."""
+        return {
+            "type": self.type,
+            "queue": self.queue,
+            "priority": self.priority,
+            "payload": Jsonb(self.payload),
+            "run_at": self.run_at,
+            "delay_ms": self.delay_ms,
+            "max_attempts": self.max_attempts or default_max_attempts,
+            "backoff": Jsonb(self.backoff.to_json()),
+            "timeout_ms": self.timeout_ms,
+            "idempotency_key": self.idempotency_key,
+            "request_hash": self.request_hash() if self.idempotency_key else None,
+            "pending_deps": pending_deps,
+            "upstream_error": upstream_error,
+            "start_by": self.start_by,
+            "deadline": self.deadline,
+            "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
+        }
+
+
+def deps_verdict(wanted: Sequence[int], rows: Sequence[Any]) -> tuple[int, str | None]:
+    """From job_deps_lock's rows: (dependencies not yet succeeded, the reason to be
+    born cancelled if one already ended dead or cancelled). Unknown ids: InvalidJob."""
+    found = {int(r["id"]): r for r in rows}
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise UnknownDependency(missing)
+    pending = sum(1 for r in found.values() if r["state"] != JobState.SUCCEEDED.value)
+    failed = sorted(
+        (i, r) for i, r in found.items() if r["state"] in (JobState.DEAD, JobState.CANCELLED)
+    )
+    if failed:
+        _, row = failed[0]
+        return 0, f"upstream {row['name']} {row['state']}"
+    return pending, None
+
+
+class UnknownDependency(InvalidJob):
+    """``depends_on`` names jobs that do not exist (or were pruned); ``index``: which
+    job of a batch."""
+
+    def __init__(self, ids: Sequence[int], index: int | None = None) -> None:
+        super().__init__("depends_on names unknown jobs: " + ", ".join(map(str, ids)))
+        self.ids = tuple(ids)
+        self.index = index
