@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import itsdangerous
+from structlog.testing import capture_logs
 
 from deadman.api.auth import (
     SESSION_COOKIE,
@@ -197,3 +198,13 @@ def test_tokens_are_compared_in_one_place() -> None:
         if re.search(r"compare_digest\(", line)
     ]
     assert [path for path, _ in found] == ["api/auth.py"], found
+
+
+def test_a_refused_sign_in_is_logged_without_what_was_typed(db_dsn: str) -> None:
+    with serve(make_app(db_dsn, api_token=TOKEN)) as base, client(base) as c:
+        with capture_logs() as logged:
+            r = c.post("/ui/login", data={"token": TOKEN + "-typo"}, headers={"Origin": base})
+        assert r.status_code == 401 and SESSION_COOKIE not in r.headers.get("set-cookie", "")
+    refused = [e for e in logged if e["event"] == "dashboard_sign_in_refused"]
+    assert len(refused) == 1 and refused[0]["client"] == "127.0.0.1", logged
+    assert TOKEN not in repr(logged)

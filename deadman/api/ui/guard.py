@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from deadman.api.auth import authenticate
-from deadman.api.ui.format import shorten
+from deadman.api.ui.display import shorten
 from deadman.api.ui.render import message
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -9,7 +9,7 @@ beyond it (marked "~").
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,7 +18,7 @@ from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.schema import parse_id
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.api.state import api_state
-from deadman.api.ui.format import SPARK_MINUTES, shorten, spark, spark_series, url
+from deadman.api.ui.display import SPARK_MINUTES, shorten, spark, spark_series, url
 from deadman.api.ui.guard import PageError, guarded
 from deadman.api.ui.render import message, page
 from deadman.errors import InvalidJob
@@ -38,13 +38,13 @@ def path_id(request: Request) -> int:
     return job_id
 
 
-def _filter(request: Request, name: str, check: Any) -> str | None:
+def _filter(request: Request, name: str, check: Callable[[str], str]) -> str | None:
     """A type or queue filter; one that no job can match is ignored."""
     value = request.query_params.get(name) or None
     if value is None:
         return None
     try:
-        return str(check(value))
+        return check(value)
     except InvalidJob:
         return None
 

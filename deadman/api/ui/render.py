@@ -15,7 +15,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from deadman.api.ui import format as fmt
+from deadman.api.ui import display
 
 ENV = Environment(
     loader=PackageLoader("deadman.api.ui", "templates"),
@@ -34,8 +34,8 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-ENV.filters.update(ago=fmt.ago, error_line=fmt.error_line, pretty_json=fmt.pretty_json)
-ENV.globals.update(url=fmt.url, took=fmt.took)
+ENV.filters.update(ago=display.ago, error_line=display.error_line, pretty_json=display.pretty_json)
+ENV.globals.update(url=display.url, took=display.took)
 
 
 def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:

@@ -10,9 +10,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from deadman import logs
 from deadman.api.auth import new_session, token_matches
 from deadman.api.ui.guard import PageError, read_form, same_origin, token
 from deadman.api.ui.render import page
+
+log = logs.get("deadman.api.ui")
 
 
 def _form(request: Request, error: str = "", status: int = 200) -> Response:
@@ -34,6 +37,9 @@ async def login(request: Request) -> Response:
     if expected is None:
         return RedirectResponse("/ui/", status_code=303)
     if not token_matches(given.encode(), expected):
+        # who tried, never what they typed: a near-miss token is a secret too
+        client = request.client.host if request.client else None
+        log.warning("dashboard_sign_in_refused", client=client)
         return _form(request, "that token is not valid", 401)
     request.session.clear()
     request.session.update(new_session())
