@@ -11,11 +11,9 @@ from psycopg.rows import DictRow
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import (
-    AttemptOutcome,
     Job,
     JobState,
 )
-from deadman.store.async_base import AsyncBase
 from deadman.store.batches import (
     BatchInserted,
     batch_dependencies,
@@ -24,23 +22,14 @@ from deadman.store.batches import (
     batch_verdicts,
     match_batch,
 )
-from deadman.store.conn import AsyncConn
 from deadman.store.jobs import NewJob, deps_verdict
-from deadman.store.leases import (
-    FINISH_IDLE_MS,
-    ClaimParams,
-    Finish,
-    HeartbeatParams,
-    claim_params,
-    finish_params,
-    heartbeat_params,
-)
-from deadman.store.maintenance import PruneParams, Rescued, RescueParams
-from deadman.store.reads import FINISHED_COUNT_CAP, ListParams, _ms
+from deadman.store.leases import LeaseStore
+from deadman.store.maintenance import MaintenanceStore
+from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
 from deadman.store.workflows import NewWorkflow, workflow_params
 
 
-class AsyncStore(AsyncBase):
+class AsyncStore(LeaseStore, MaintenanceStore):
     """Async access for the worker and the API (see AsyncBase for how statements run)."""
 
     # -- enqueue and read ----------------------------------------------------------
@@ -91,159 +80,6 @@ class AsyncStore(AsyncBase):
 
     async def job_attempts(self, job_id: int) -> list[DictRow]:
         return await self._all("job_attempts", {"id": job_id})
-
-    # -- the worker's path ---------------------------------------------------------
-
-    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
-        rows = await self._all("job_claim", claim_params(p), retry_s)
-        return await self._readable(rows)
-
-    async def job_claim_quarantined(
-        self, p: ClaimParams, retry_s: float | None = None
-    ) -> list[Job]:
-        """At most one quarantined job; only for a worker that holds nothing else."""
-        rows = await self._all("job_claim_quarantined", claim_params(p), retry_s)
-        return await self._readable(rows)
-
-    async def _readable(self, rows: Sequence[DictRow]) -> list[Job]:
-        """The claimed rows as jobs. A row this code cannot read (a backoff or payload
-        written by hand, or by a newer version) ends dead at once, fenced by the
-        token just taken, with the reason; its batch-mates are claimed as usual.
-        Raising instead lost the whole batch's claim to the rescuer, a rescue
-        counted against every job in it."""
-        jobs: list[Job] = []
-        broken: list[Finish] = []
-        for r in rows:
-            try:
-                jobs.append(Job.from_row(r))
-            except Exception as exc:
-                error = f"the job row cannot be read by this worker: {exc!r}"[:2000]
-                outcome = AttemptOutcome.FAILED
-                broken.append(
-                    Finish(
-                        int(r["id"]),
-                        int(r["lease_token"]),
-                        JobState.DEAD,
-                        outcome,
-                        error=error,
-                    )
-                )
-        if broken:
-            await self.job_finish_many(broken)
-        return jobs
-
-    async def job_quarantine_pending(self, queues: Sequence[str], quarantine_at: int) -> bool:
-        rows = await self._all(
-            "job_quarantine_pending",
-            {"queues": list(queues), "quarantine_at": quarantine_at},
-        )
-        return bool(rows and rows[0]["pending"])
-
-    async def job_next_run_at(self, queue: str) -> float | None:
-        """Milliseconds until the queue's next not-yet-due job, or None if there is none."""
-        rows = await self._all("job_next_run_at", {"queue": queue})
-        return _ms(rows[0]["wait"]) if rows else None
-
-    async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
-        """End attempts; returns the ids that were still ours. Missing ids: lease lost."""
-        if not finishes:
-            return set()
-        # Prepared: its generic plan goes through the primary key and is the fastest
-        # at every batch size (DECISIONS.md 25).
-        rows = await self._all("job_finish_many", finish_params(finishes))
-        return {int(r["id"]) for r in rows}
-
-    async def job_finish_in(
-        self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
-    ) -> set[int]:
-        """Like job_finish_many, on the caller's connection and inside its transaction,
-        which the server ends if it then sits idle for ``idle_ms`` (tx_idle_limit)."""
-        with translate():
-            # Two round trips: in pipeline mode the server did not arm the idle timer.
-            await conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": idle_ms})
-            cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
-            return {int(r["id"]) for r in await cur.fetchall()}
-
-    async def job_heartbeat_many(
-        self, p: HeartbeatParams, retry_s: float | None = None
-    ) -> dict[int, bool]:
-        """Renew leases; returns {job id: cancel requested} for the leases still ours."""
-        rows = await self._all("job_heartbeat_many", heartbeat_params(p), retry_s)
-        return {int(r["id"]): bool(r["cancel_requested"]) for r in rows}
-
-    async def worker_deregister(self, worker: str) -> None:
-        await self._all("worker_deregister", {"worker": worker})
-
-    async def worker_prune_stale(self, older_than_ms: int) -> None:
-        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
-
-    async def queue_notify(self, queues: Sequence[str]) -> None:
-        if queues:
-            await self._all("queue_notify", {"queues": sorted(set(queues))})
-
-    # -- the rescuer ---------------------------------------------------------------
-
-    async def job_rescue_expired(self, p: RescueParams) -> list[Rescued] | None:
-        """One rescuer tick. Returns None when another process holds leadership."""
-        with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["rescuer_try_lock"], {"idle_ms": p.idle_ms})
-                row = await cur.fetchone()
-                if not row or not row["leader"]:
-                    return None
-                cur = await conn.execute(
-                    QUERIES["job_rescue_expired"],
-                    {
-                        "max_rescues": p.max_rescues,
-                        "quarantine_at": p.quarantine_at,
-                        "limit": p.limit,
-                    },
-                )
-                rows = await cur.fetchall()
-                # start_by / deadline passed before the job started: dead, not run
-                cur = await conn.execute(QUERIES["job_expire"], {"limit": p.limit})
-                rows += await cur.fetchall()
-                return [Rescued.from_row(r) for r in rows]
-
-    async def job_prune_finished(self, p: PruneParams) -> int:
-        rows = await self._all(
-            "job_prune_finished",
-            {
-                "succeeded_ms": p.succeeded_ms,
-                "failed_ms": p.failed_ms,
-                "limit": p.limit,
-            },
-        )
-        return len(rows)
-
-    async def workflow_prune_finished(self, p: PruneParams) -> int:
-        """Delete finished workflows with no node left; returns how many."""
-        rows = await self._all(
-            "workflow_prune_finished",
-            {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit},
-        )
-        return len(rows)
-
-    async def lease_refusal_record(
-        self, worker: str, action: str, leases: Sequence[tuple[int, int]]
-    ) -> None:
-        """Record refused writes; best effort (the refusal itself already protected us)."""
-        if leases:
-            await self._all(
-                "lease_refusal_record",
-                {
-                    "ids": [i for i, _ in leases],
-                    "tokens": [t for _, t in leases],
-                    "workers": [worker] * len(leases),
-                    "actions": [action] * len(leases),
-                },
-            )
-
-    async def effect_insert(self, conn: AsyncConn, job_id: int, lease_token: int) -> None:
-        with translate():
-            await conn.execute(
-                QUERIES["effect_insert"], {"job_id": job_id, "lease_token": lease_token}
-            )
 
     # -- the HTTP API --------------------------------------------------------------
 
