@@ -16,6 +16,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from deadman.config import Settings
+from deadman.db.pool import sync_pool
 from deadman.errors import ConfigError, DuplicateKey
 from deadman.model import DEFAULT_BACKOFF, Backoff, Job, Workflow
 from deadman.store import NewJob, NewWorkflow, SyncConn, SyncStore
@@ -73,14 +74,7 @@ class Client:
             # Autocommit: a single enqueue is one statement, so it commits in the same
             # round trip (no separate COMMIT: measured in the latency benchmark); the
             # multi-statement paths open their own transaction.
-            self._pool = ConnectionPool(
-                self.dsn or "",
-                min_size=1,
-                max_size=4,
-                open=True,
-                name="deadman-client",
-                kwargs={"autocommit": True},
-            )
+            self._pool = sync_pool(self.dsn or "", name="deadman-client", max_size=4)
         return self._pool
 
     def close(self) -> None:

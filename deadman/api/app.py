@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
@@ -31,7 +29,8 @@ from deadman.api.state import ApiState
 from deadman.api.telemetry import RequestMetrics
 from deadman.config import Settings
 from deadman.db.migrate import latest_version
-from deadman.store import AsyncConn, AsyncStore
+from deadman.db.pool import async_pool
+from deadman.store import AsyncStore
 
 #: How long a request waits for a pooled connection before it is answered 503.
 POOL_TIMEOUT_S = 5.0
@@ -57,15 +56,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            open=False,
-            timeout=pool_timeout_s,
-            name="deadman-api",
-        )
+        pool = async_pool(dsn, name="deadman-api", max_size=max_size, timeout=pool_timeout_s)
         store = AsyncStore(pool, retry_s=0)
         await store.open(wait=False)
         state.store = store

@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any, LiteralString, Self
 
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
@@ -19,6 +19,7 @@ from tenacity import (
     wait_random,
 )
 
+from deadman.db.pool import async_pool
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.store.conn import AsyncConn
@@ -50,17 +51,8 @@ class AsyncBase:
     ) -> Self:
         """``timeout``: longest wait for a pooled connection; a worker keeps it well
         under its lease trust window so a stalled pool surfaces before leases lapse."""
-        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            open=False,
-            timeout=timeout,
-            # psycopg_pool gives up reconnecting after this long (0 would mean: at
-            # once); a worker must outlive any database outage, so: a year.
-            reconnect_timeout=365 * 24 * 3600.0,
-            name="deadman",
+        pool = async_pool(
+            dsn, name="deadman", min_size=min_size, max_size=max_size, timeout=timeout
         )
         return cls(pool, retry_s=retry_s)
 

@@ -35,15 +35,15 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
 from deadman import logs
 from deadman.config import Settings
+from deadman.db.pool import async_pool, sync_pool
 from deadman.handlers import builtins
 from deadman.registry import Registry
 from deadman.rescuer import Rescuer
-from deadman.store import AsyncConn, AsyncStore, SyncStore
+from deadman.store import AsyncStore, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.executor import Executor, Slots
 from deadman.worker.heartbeat import Heartbeat
@@ -120,28 +120,24 @@ class Worker:
         # Async handlers' ctx.transaction(): a pool of their own (min_size 0: a worker
         # whose handlers never use it opens no connection for it). Connections as the
         # store's (autocommit, dict rows: what handlers always got).
-        self.handler_pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        self.handler_pool = async_pool(
             dsn,
+            name="deadman-handlers",
             min_size=0,
             max_size=handler_pool_size(settings),
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            open=False,
             timeout=HANDLER_POOL_TIMEOUT_S,
-            reconnect_timeout=365 * 24 * 3600.0,  # as the store's: outlive any outage
-            name="deadman-handlers",
         )
 
     def _get_sync_pool(self) -> ConnectionPool[Any]:
         """Sync handlers' ctx.transaction() connections; made on first use."""
         with self._sync_pool_lock:
             if self._sync_pool is None:
-                self._sync_pool = ConnectionPool(
+                self._sync_pool = sync_pool(
                     self.dsn,
+                    name="deadman-sync",
                     min_size=0,
                     max_size=handler_pool_size(self.settings),
-                    open=True,
                     timeout=HANDLER_POOL_TIMEOUT_S,
-                    name="deadman-sync",
                 )
             return self._sync_pool
 

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from deadman import client as client_module
 from deadman.client import Client
 from deadman.config import Settings
+from deadman.db import pool as pool_module
 from deadman.errors import ConfigError, DuplicateKey, InvalidJob
 from deadman.model import Backoff, JobState
 from tests.factories import connect, db_now, job_row
@@ -256,7 +256,7 @@ def test_first_use_from_many_threads_builds_one_pool(
                 second.set()
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(client_module, "ConnectionPool", CountingPool)
+    monkeypatch.setattr(pool_module, "ConnectionPool", CountingPool)
     client = Client(db_dsn, settings=Settings())
     n = 8
     barrier = threading.Barrier(n)
