@@ -311,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition"):
         ch.add_argument(f"--{scenario}", action="store_true")
     ch.add_argument("--submit-faults", action="store_true", help="needs --submit http")
+    ch.add_argument(
+        "--operators",
+        action="store_true",
+        help="operator actions (cancel, retry, replay, pause, 1 s retention) under kills; "
+        "own database",
+    )
     ch.add_argument("--all", action="store_true", help="every scenario (the default)")
     ch.add_argument("--report", help="also write the report as JSON to this path")
     ch.set_defaults(func=cmd_chaos)

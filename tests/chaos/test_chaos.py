@@ -33,16 +33,6 @@ SMALL = [
 ]  # fmt: skip
 
 
-#: ``deadman chaos`` with the operators scenario alone. The CLI's scenario flags are
-#: defined in deadman/cli.py; this selects the scenario on the parsed arguments, so it
-#: works whether or not that file lists ``--operators`` yet.
-OPERATORS_ALONE = (
-    "import sys; from deadman.cli import build_parser; from deadman.chaos.harness import main; "
-    "args = build_parser().parse_args(['chaos', *sys.argv[1:]]); args.operators = True; "
-    "sys.exit(main(args))"
-)
-
-
 def chaos(
     tmp_path: Path, *args: str, entry: tuple[str, ...] = ("-m", "deadman", "chaos")
 ) -> tuple[int, dict[str, Any], str]:
@@ -168,7 +158,7 @@ def test_operators_under_fire_lose_no_acknowledged_retry_and_honour_every_cancel
     verify_ops.sql held (tests/chaos/test_verify_ops.py shows each one can fail).
     Its own cluster: the scenario instruments the database with triggers."""
     code, report, out = chaos(
-        tmp_path, "--jobs", "1500", *SMALL, "--seed", "2", entry=("-c", OPERATORS_ALONE),
+        tmp_path, "--jobs", "1500", *SMALL, "--seed", "2", "--operators",
     )  # fmt: skip
     assert code == 0, f"{failed(report)}\n{out[-3000:]}"
     ops = report["operators"]
