@@ -102,6 +102,16 @@ def claim_params(p: ClaimParams) -> dict[str, Any]:
     }
 
 
+def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
+    """job_claim_quarantined's: claim_params without the limit (it claims one)."""
+    return {
+        "queue": p.queue,
+        "worker": p.worker,
+        "ttl_ms": p.ttl_ms,
+        "quarantine_at": p.quarantine_at,
+    }
+
+
 def heartbeat_params(p: HeartbeatParams) -> dict[str, Any]:
     return {
         "worker": p.worker,
@@ -128,7 +138,7 @@ class LeaseStore(AsyncBase):
         self, p: ClaimParams, retry_s: float | None = None
     ) -> list[Job]:
         """At most one quarantined job; only for a worker that holds nothing else."""
-        rows = await self._all("job_claim_quarantined", claim_params(p), retry_s)
+        rows = await self._all("job_claim_quarantined", quarantine_claim_params(p), retry_s)
         return await self._readable(rows)
 
     async def _readable(self, rows: Sequence[DictRow]) -> list[Job]:
