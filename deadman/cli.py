@@ -144,7 +144,7 @@ def cmd_rescuer(args: argparse.Namespace) -> int:
     settings = _settings(args)
     dsn = _dsn(settings)
     logs.configure(settings.log_format, settings.log_level)
-    from deadman.rescuer import Rescuer
+    from deadman.maintenance import services
     from deadman.store import AsyncStore
 
     if not _wait_for_database(settings, dsn, "rescuer", schema=True):
@@ -155,13 +155,17 @@ def cmd_rescuer(args: argparse.Namespace) -> int:
 
         store = AsyncStore.create(dsn, min_size=1, max_size=2)
         await store.open()
-        rescuer = Rescuer(store, settings)
+        running = services(store, settings)  # the rescuer, the expirer, the cleaner
+        stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, rescuer.stop)
+            loop.add_signal_handler(sig, stopping.set)
         try:
-            await rescuer.run()
+            for service in running:
+                service.start()
+            await stopping.wait()
         finally:
+            await asyncio.gather(*(service.stop() for service in running))
             await store.close()
         return 0
 

@@ -329,14 +329,16 @@ SELECT 1;
 SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: rescuer_try_lock
--- Leadership for one rescuer tick: only the holder of this transaction-level lock
--- acts; the others skip the tick. Dies with the transaction, so a crashed leader
--- never blocks the next one. A *paused* leader (SIGSTOP, a VM freeze, a partition)
--- would hold it for as long as its transaction stays open, and no job would be
--- rescued anywhere in the fleet (a chaos run on a loaded machine caught exactly
--- that): so the server ends the tick's session once it sits idle in its transaction
--- longer than %(idle_ms)s ms.
-SELECT pg_try_advisory_xact_lock(716341, 2) AS leader,
+-- Leadership for one maintenance tick (deadman/maintenance/leadership.py): only the
+-- holder of this transaction-level lock acts; the others skip the tick. One key per
+-- service (%(key)s: 2 the rescuer, 3 the expirer, 4 the cleaner), so a long prune
+-- round never makes a rescue wait, and services ticking in step never starve each
+-- other. Dies with the transaction, so a crashed leader never blocks the next one.
+-- A *paused* leader (SIGSTOP, a VM freeze, a partition) would hold it for as long as
+-- its transaction stays open, and no job would be rescued anywhere in the fleet (a
+-- chaos run on a loaded machine caught exactly that): so the server ends the tick's
+-- session once it sits idle in its transaction longer than %(idle_ms)s ms.
+SELECT pg_try_advisory_xact_lock(716341, %(key)s::int) AS leader,
        set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true)
            AS idle_limit_ms;
 
@@ -405,10 +407,10 @@ WITH expired AS (
 SELECT id, state, queue, type, lease_token, lease_worker, attempt FROM rescued;
 
 -- name: job_expire
--- Rescuer tick: jobs that never started by their start_by ('expired'), or whose
+-- Expirer tick: jobs that never started by their start_by ('expired'), or whose
 -- total deadline passed before their next attempt could start ('deadline'), end dead
 -- without running. The claim already skips them, so this only makes the verdict
--- visible: at most one rescuer tick after the moment. Index range scans on the small
+-- visible: at most one expirer tick after the moment. Index range scans on the small
 -- partial indexes jobs_start_by_idx and jobs_deadline_idx.
 WITH due AS (
     (SELECT id, 'expired' AS reason FROM deadman.jobs

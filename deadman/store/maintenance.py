@@ -1,8 +1,12 @@
-"""The rescuer's and the cleaner's parameters and results."""
+"""The maintenance services' statements (rescuer, expirer, cleaner), their parameters
+and results, and the transaction that holds maintenance leadership."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any, LiteralString
 
 from psycopg.rows import DictRow
 
@@ -10,6 +14,10 @@ from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import JobState
 from deadman.store.async_base import AsyncBase
+from deadman.store.conn import AsyncConn
+
+#: Leadership keys (rescuer_try_lock): one per maintenance service.
+RESCUER_KEY, EXPIRER_KEY, CLEANER_KEY = 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -60,51 +68,77 @@ class Rescued:
         )
 
 
-class MaintenanceStore(AsyncBase):
-    """The rescuer's and the cleaner's statements."""
+def _rescue_args(p: RescueParams) -> dict[str, Any]:
+    return {"max_rescues": p.max_rescues, "quarantine_at": p.quarantine_at, "limit": p.limit}
 
-    async def worker_prune_stale(self, older_than_ms: int) -> None:
-        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
 
-    # -- the rescuer ---------------------------------------------------------------
+def _prune_args(p: PruneParams) -> dict[str, Any]:
+    return {"succeeded_ms": p.succeeded_ms, "failed_ms": p.failed_ms, "limit": p.limit}
 
-    async def job_rescue_expired(self, p: RescueParams) -> list[Rescued] | None:
-        """One rescuer tick. Returns None when another process holds leadership."""
-        with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["rescuer_try_lock"], {"idle_ms": p.idle_ms})
-                row = await cur.fetchone()
-                if not row or not row["leader"]:
-                    return None
-                cur = await conn.execute(
-                    QUERIES["job_rescue_expired"],
-                    {
-                        "max_rescues": p.max_rescues,
-                        "quarantine_at": p.quarantine_at,
-                        "limit": p.limit,
-                    },
-                )
-                rows = await cur.fetchall()
-                # start_by / deadline passed before the job started: dead, not run
-                cur = await conn.execute(QUERIES["job_expire"], {"limit": p.limit})
-                rows += await cur.fetchall()
-                return [Rescued.from_row(r) for r in rows]
+
+def _workflow_prune_args(p: PruneParams) -> dict[str, Any]:
+    return {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit}
+
+
+class MaintenanceTx:
+    """The maintenance statements on one connection, inside its transaction: the one
+    that holds leadership (MaintenanceStore.maintenance_lead)."""
+
+    def __init__(self, conn: AsyncConn) -> None:
+        self._conn = conn
+
+    async def _rows(self, name: LiteralString, params: dict[str, Any]) -> list[DictRow]:
+        cur = await self._conn.execute(QUERIES[name], params)
+        return await cur.fetchall() if cur.description else []
+
+    async def job_rescue_expired(self, p: RescueParams) -> list[Rescued]:
+        rows = await self._rows("job_rescue_expired", _rescue_args(p))
+        return [Rescued.from_row(r) for r in rows]
+
+    async def job_expire(self, limit: int) -> list[Rescued]:
+        """start_by / deadline passed before the job started: dead, not run."""
+        return [Rescued.from_row(r) for r in await self._rows("job_expire", {"limit": limit})]
 
     async def job_prune_finished(self, p: PruneParams) -> int:
-        rows = await self._all(
-            "job_prune_finished",
-            {
-                "succeeded_ms": p.succeeded_ms,
-                "failed_ms": p.failed_ms,
-                "limit": p.limit,
-            },
-        )
-        return len(rows)
+        return len(await self._rows("job_prune_finished", _prune_args(p)))
 
     async def workflow_prune_finished(self, p: PruneParams) -> int:
         """Delete finished workflows with no node left; returns how many."""
-        rows = await self._all(
-            "workflow_prune_finished",
-            {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit},
-        )
-        return len(rows)
+        return len(await self._rows("workflow_prune_finished", _workflow_prune_args(p)))
+
+    async def worker_prune_stale(self, older_than_ms: int) -> None:
+        await self._rows("worker_prune_stale", {"older_than_ms": older_than_ms})
+
+
+class MaintenanceStore(AsyncBase):
+    """Where the maintenance statements run: under leadership (the services), or
+    directly (tests, the chaos harness's own pruner)."""
+
+    @asynccontextmanager
+    async def maintenance_lead(self, key: int, idle_ms: int) -> AsyncIterator[MaintenanceTx | None]:
+        """A transaction holding the leadership ``key`` (rescuer_try_lock), or None when
+        another process holds it. Leadership lasts as long as this transaction; a
+        leader left idle in it longer than ``idle_ms`` loses its session (DECISIONS 24)."""
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    QUERIES["rescuer_try_lock"], {"key": key, "idle_ms": idle_ms}
+                )
+                row = await cur.fetchone()
+                yield MaintenanceTx(conn) if row and row["leader"] else None
+
+    async def job_rescue_expired(self, p: RescueParams) -> list[Rescued] | None:
+        """One rescue under leadership; None when another process holds it."""
+        async with self.maintenance_lead(RESCUER_KEY, p.idle_ms) as tx:
+            return None if tx is None else await tx.job_rescue_expired(p)
+
+    # Without leadership, one statement each in autocommit, retried like any other.
+
+    async def job_prune_finished(self, p: PruneParams) -> int:
+        return len(await self._all("job_prune_finished", _prune_args(p)))
+
+    async def workflow_prune_finished(self, p: PruneParams) -> int:
+        return len(await self._all("workflow_prune_finished", _workflow_prune_args(p)))
+
+    async def worker_prune_stale(self, older_than_ms: int) -> None:
+        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})

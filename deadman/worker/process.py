@@ -1,5 +1,10 @@
 """One worker process: wires producer, executor, completer, heartbeat, listener and
-rescuer together, and owns graceful shutdown.
+the maintenance services together, and owns graceful shutdown.
+
+The store and the services are arguments (``Worker(..., store=, services=)``): a
+test hands in a store that records or fails statements, or services of its own.
+Left out, the worker builds the store below and, with ``run_rescuer``, the
+maintenance services (``deadman.maintenance.services``).
 
 Shutdown (SIGTERM/SIGINT): stop claiming; give in-flight handlers
 ``shutdown_grace_s`` to finish; release the rest back to ``queued`` (fenced, no
@@ -10,7 +15,7 @@ Connections, per worker process (the budget README's configuration table gives):
 
 - worker statements: one pool of ``DEADMAN_POOL_SIZE`` (default
   ``DEADMAN_COMPLETER_FLUSHES + 4``: heartbeat, claim, the completer's flushes, the
-  rescuer, and one spare for refusal evidence and notifies);
+  maintenance services, and one spare for refusal evidence and notifies);
 - the listener: 1;
 - handlers' ``ctx.transaction()``: a pool for async handlers and one for sync
   handlers, each at most ``min(concurrency, 16)`` and opened on first use.
@@ -32,8 +37,9 @@ import signal
 import socket
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from psycopg_pool import ConnectionPool
 
@@ -41,8 +47,9 @@ from deadman import logs
 from deadman.config import Settings
 from deadman.db.pool import async_pool, sync_pool
 from deadman.handlers import builtins
+from deadman.maintenance import Service
+from deadman.maintenance import services as maintenance_services
 from deadman.registry import Registry
-from deadman.rescuer import Rescuer
 from deadman.store import AsyncStore, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.executor import Executor, Slots
@@ -50,6 +57,7 @@ from deadman.worker.heartbeat import Heartbeat
 from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
 from deadman.worker.producer import Producer
+from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.worker")
 
@@ -72,23 +80,6 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-async def _rescuer_loop(rescuer: Rescuer, stopping: asyncio.Event) -> None:
-    """rescuer.run(), started again after an error it does not handle itself (it
-    handles DatabaseUnavailable): a rescue that fails on some row must not take the
-    worker, and every job it holds, down with it. Another worker's rescuer, or this
-    one's next try, hands the expired jobs on."""
-    delay = 1.0
-    while True:
-        try:
-            await rescuer.run()
-            return
-        except Exception as exc:
-            log.error("rescuer_error", error=repr(exc)[:500], retry_in_s=delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
-        delay = min(delay * 2, 5.0)
-
-
 class Worker:
     def __init__(
         self,
@@ -98,7 +89,14 @@ class Worker:
         *,
         worker_id: str | None = None,
         run_rescuer: bool = True,
+        store: WorkerStore | None = None,
+        services: Sequence[Service] | None = None,
     ) -> None:
+        """``store``: the worker's statements (default: an AsyncStore of
+        ``worker_pool_size`` connections; the worker opens and closes it).
+        ``services``: started after the first heartbeat, stopped at shutdown
+        (default: the maintenance services on ``store`` when it is an AsyncStore,
+        none when not ``run_rescuer``)."""
         self.dsn = dsn
         self.settings = settings
         self.registry = builtins if registry is None else builtins.merged(registry)
@@ -111,12 +109,15 @@ class Worker:
         self.producer: Producer | None = None
         self._sync_pool_lock = threading.Lock()
         pool_max = worker_pool_size(settings)
-        self.store = AsyncStore.create(
+        self.store: WorkerStore = store or AsyncStore.create(
             dsn,
             min_size=min(2, pool_max),
             max_size=pool_max,
             timeout=max(1.0, settings.lease_ttl_s / 4),
         )
+        if services is None and run_rescuer and isinstance(self.store, AsyncStore):
+            services = maintenance_services(self.store, settings)
+        self.services: list[Service] = list(services or [])
         # Async handlers' ctx.transaction(): a pool of their own (min_size 0: a worker
         # whose handlers never use it opens no connection for it). Connections as the
         # store's (autocommit, dict rows: what handlers always got).
@@ -161,12 +162,15 @@ class Worker:
         inflight = Inflight()
         slots = Slots(s.concurrency)
         threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
+        # Until producer, heartbeat, completer and executor annotate their store as
+        # WorkerStore (all they call is in it), they are typed for the AsyncStore.
+        store = cast(AsyncStore, self.store)
         completer = Completer(
-            self.store, self.worker_id, s.completer_batch, in_flight=s.completer_flushes
+            store, self.worker_id, s.completer_batch, in_flight=s.completer_flushes
         )
         executor = Executor(
             registry=self.registry,
-            store=self.store,
+            store=store,
             handler_pool=self.handler_pool,
             sync_store=SyncStore(),
             sync_pool=self._get_sync_pool,
@@ -179,7 +183,7 @@ class Worker:
             max_result_bytes=s.max_payload_bytes,
         )
         producer = Producer(
-            store=self.store,
+            store=store,
             settings=s,
             executor=executor,
             slots=slots,
@@ -191,7 +195,7 @@ class Worker:
         # A retry or release makes a job due later; the idle producer must look again.
         completer.on_requeue = producer.wake
         heartbeat = Heartbeat(
-            store=self.store,
+            store=store,
             settings=s,
             inflight=inflight,
             executor=executor,
@@ -201,7 +205,6 @@ class Worker:
         listener = Listener(
             self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
         )
-        rescuer = Rescuer(self.store, s) if self.run_rescuer else None
 
         await heartbeat.beat()  # registers this worker before it claims anything
         tasks = {
@@ -210,10 +213,8 @@ class Worker:
             "listener": asyncio.create_task(listener.run(), name="listener"),
             "producer": asyncio.create_task(producer.run(), name="producer"),
         }
-        if rescuer is not None:
-            tasks["rescuer"] = asyncio.create_task(
-                _rescuer_loop(rescuer, self._stop), name="rescuer"
-            )
+        for service in self.services:
+            service.start()  # its ticks survive their own errors (see Service)
         log.info(
             "worker_started",
             worker=self.worker_id,
@@ -253,8 +254,7 @@ class Worker:
         await asyncio.wait({tasks["completer"]}, timeout=10.0)
         heartbeat.stop()
         listener.stop()
-        if rescuer is not None:
-            rescuer.stop()
+        await asyncio.gather(*(service.stop() for service in self.services))
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         try:
             await self.store.worker_deregister(self.worker_id)

@@ -19,7 +19,7 @@ from psycopg.rows import DictRow
 from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.model import Job
-from deadman.rescuer import Rescuer
+from deadman.maintenance import Expirer
 from deadman.store import ClaimParams, UnknownDependency
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row, with_store
@@ -86,7 +86,7 @@ def _claim(dsn: str, queue: str = "default") -> list[int]:
 
 
 def _tick(dsn: str) -> None:
-    with_store(dsn, lambda s: Rescuer(s, SETTINGS).tick())
+    with_store(dsn, lambda s: Expirer(s, SETTINGS).tick())
 
 
 # --------------------------------------------------------------------------- start_by

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,8 +16,8 @@ from psycopg.rows import DictRow
 from deadman.config import Settings
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
+from deadman.maintenance import Cleaner, CleanReport, Rescuer, RescueReport
 from deadman.model import AttemptOutcome, JobState
-from deadman.rescuer import Rescuer, TickReport
 from deadman.store import Finish, RescueParams, SyncStore, finish_params
 from tests.factories import (
     async_store,
@@ -36,12 +35,22 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 
 
-def tick(dsn: str, settings: Settings | None = None, *, prune_every: int = 10) -> TickReport:
-    """One tick of a fresh rescuer: its first tick also prunes (ticks % 10 == 1)."""
+def tick(dsn: str, settings: Settings | None = None) -> RescueReport:
+    """One tick of a fresh rescuer."""
 
-    async def main() -> TickReport:
+    async def main() -> RescueReport:
         async with async_store(dsn) as store:
-            return await Rescuer(store, settings or Settings(), prune_every=prune_every).tick()
+            return await Rescuer(store, settings or Settings()).tick()
+
+    return run_async(main)
+
+
+def clean(dsn: str, settings: Settings | None = None) -> CleanReport:
+    """One tick of a fresh cleaner."""
+
+    async def main() -> CleanReport:
+        async with async_store(dsn) as store:
+            return await Cleaner(store, settings or Settings()).tick()
 
     return run_async(main)
 
@@ -193,7 +202,7 @@ def test_no_leadership_while_another_rescuer_holds_the_lock(db_dsn: str) -> None
         with psycopg.connect(db_dsn) as leader:
             leader.execute("SELECT pg_advisory_xact_lock(716341, 2)")
             report = tick(db_dsn)
-            assert report == TickReport(leader=False)
+            assert report == RescueReport(leader=False)
             assert job_row(conn, job_id)["state"] == "running"
             leader.rollback()  # the transaction-level lock dies with the transaction
         report = tick(db_dsn)
@@ -206,7 +215,7 @@ def test_a_leader_paused_inside_its_tick_loses_leadership(db_dsn: str) -> None:
     next rescuer leads again, instead of no job ever being rescued."""
     job_id, _ = _expired_running(db_dsn)
     with psycopg.connect(db_dsn) as paused:  # a transaction left open, as if frozen
-        row = paused.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 300}).fetchone()
+        row = paused.execute(QUERIES["rescuer_try_lock"], {"key": 2, "idle_ms": 300}).fetchone()
         assert row is not None and row[0] is True
         assert not tick(db_dsn).leader  # held: nobody else may rescue
         wait_for(lambda: tick(db_dsn).leader, timeout=10, message="leadership to come back")
@@ -276,7 +285,7 @@ def test_retention(db_dsn: str) -> None:
             ids.append(job_id)
         # unfinished jobs are never pruned, however old
         old_queued = insert_job(conn, run_in_s=-30 * DAY).id
-        report = tick(db_dsn)  # defaults: succeeded 24 h, dead/cancelled 7 days
+        report = clean(db_dsn)  # defaults: succeeded 24 h, dead/cancelled 7 days
         left = {r["id"] for r in conn.execute("SELECT id FROM deadman.jobs")}
         history = {r["job_id"] for r in conn.execute("SELECT job_id FROM deadman.attempts")}
     expected_gone = {i for i, (_, _, pruned) in zip(ids, cases, strict=True) if pruned}
@@ -296,7 +305,7 @@ def test_retention_follows_the_settings(db_dsn: str) -> None:
             insert_job(conn, state="succeeded", finished_ago_s=59).id,
             insert_job(conn, state="dead", finished_ago_s=119).id,
         ]
-        assert tick(db_dsn, settings).pruned == 2
+        assert clean(db_dsn, settings).pruned == 2
         left = [r["id"] for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
     assert left == kept and not set(gone) & set(left)
 
@@ -327,7 +336,7 @@ def test_retention_deletes_a_finished_workflow_once_its_nodes_are_gone(db_dsn: s
             " WHERE id = ANY(%s)",
             ([done, failed],),
         )
-        report = tick(db_dsn, settings)
+        report = clean(db_dsn, settings)
         left = {r["id"] for r in conn.execute("SELECT id FROM deadman.workflows")}
         nodes_left = {
             (r["workflow_id"], r["node"])
@@ -337,58 +346,6 @@ def test_retention_deletes_a_finished_workflow_once_its_nodes_are_gone(db_dsn: s
     assert report.workflows_pruned == 1
     assert left == {failed, running}
     assert nodes_left == {(failed, "b"), (running, "a"), (running, "b")}
-
-
-def test_prune_every_tick(db_dsn: str) -> None:
-    async def main() -> list[int]:
-        async with async_store(db_dsn) as store:
-            rescuer = Rescuer(store, Settings(), prune_every=1)
-            return [(await rescuer.tick()).pruned for _ in range(2)]
-
-    with connect(db_dsn) as conn:
-        insert_job(conn, state="succeeded", finished_ago_s=2 * DAY)
-    assert sum(run_async(main)) == 1
-
-
-def test_pruning_happens_on_the_first_of_every_n_ticks(db_dsn: str) -> None:
-    async def main() -> list[int]:
-        async with async_store(db_dsn) as store:
-            rescuer = Rescuer(store, Settings(), prune_every=3)
-            pruned = []
-            for _ in range(4):
-                with connect(db_dsn) as conn:
-                    insert_job(conn, state="succeeded", finished_ago_s=2 * DAY)
-                pruned.append((await rescuer.tick()).pruned)
-            return pruned
-
-    assert run_async(main) == [1, 0, 0, 3]
-
-
-# ------------------------------------------------------------ run() start/stop
-
-
-def test_run_starts_and_stops_repeatedly(db_dsn: str) -> None:
-    settings = Settings(rescue_s=0.05)
-
-    async def once() -> None:
-        with connect(db_dsn) as conn:
-            job_id = insert_job(conn, state="running", lease_expires_in_s=-1).id
-        async with async_store(db_dsn) as store:
-            rescuer = Rescuer(store, settings)
-            task = asyncio.create_task(rescuer.run())
-            deadline = time.monotonic() + 5
-            while True:
-                with connect(db_dsn) as conn:
-                    if job_row(conn, job_id)["state"] == "queued":
-                        break
-                assert time.monotonic() < deadline, "the rescuer never rescued the job"
-                await asyncio.sleep(0.02)
-            rescuer.stop()
-            await asyncio.wait_for(task, timeout=5)
-            assert rescuer.ticks >= 1
-
-    for _ in range(3):
-        run_async(once)
 
 
 # ------------------------------------------------- rescuer vs completion, both orders
@@ -408,7 +365,7 @@ def _complete(conn: psycopg.Connection[DictRow], job_id: int, token: int) -> lis
 
 
 def _rescue(conn: psycopg.Connection[DictRow]) -> list[int]:
-    lock = conn.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 60_000}).fetchone()
+    lock = conn.execute(QUERIES["rescuer_try_lock"], {"key": 2, "idle_ms": 60_000}).fetchone()
     assert lock is not None and lock["leader"] is True
     rows = conn.execute(
         QUERIES["job_rescue_expired"], {"max_rescues": 5, "quarantine_at": 5, "limit": 1000}
@@ -511,7 +468,9 @@ def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None
     # never waits, and a later tick finds the row no longer running.
     job_id, token = _expired_running(db_dsn)
     with two_connections(db_dsn) as (worker, rescuer):
-        lock = rescuer.execute(QUERIES["rescuer_try_lock"], {"idle_ms": 60_000}).fetchone()
+        lock = rescuer.execute(
+            QUERIES["rescuer_try_lock"], {"key": 2, "idle_ms": 60_000}
+        ).fetchone()
         assert lock is not None and lock["leader"]
         assert _complete(worker, job_id, token) == [job_id]
         rows = rescuer.execute(
@@ -524,27 +483,3 @@ def test_completion_commits_while_rescuer_would_have_waited(db_dsn: str) -> None
     with connect(db_dsn) as conn:
         assert job_row(conn, job_id)["state"] == "succeeded"
         assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["succeeded"]
-
-
-def test_an_unexpected_error_does_not_end_the_rescuer(db_dsn: str) -> None:
-    """A standalone `deadman rescuer` whose tick hit an error it did not expect used to
-    exit, and then nobody rescued: it logs the error and ticks again."""
-
-    class Flaky(Rescuer):
-        calls = 0
-
-        async def tick(self) -> TickReport:
-            Flaky.calls += 1
-            if Flaky.calls == 1:
-                raise RuntimeError("a bug in one tick")
-            if Flaky.calls >= 3:
-                self.stop()
-            return await super().tick()
-
-    async def main() -> None:
-        async with async_store(db_dsn) as store:
-            rescuer = Flaky(store, Settings(rescue_s=0.05))
-            await asyncio.wait_for(rescuer.run(), 10)
-
-    run_async(main)
-    assert Flaky.calls >= 3

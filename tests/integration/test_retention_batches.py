@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from deadman import rescuer
 from deadman.config import Settings
-from deadman.rescuer import Rescuer
+from deadman.maintenance import Cleaner, cleaner
 from deadman.store import PruneParams
 from tests.factories import async_store, connect, run_async
 
@@ -36,7 +35,7 @@ def test_one_round_prunes_past_the_batch_limit(db_dsn: str) -> None:
 
     async def main() -> int:
         async with async_store(db_dsn) as store:
-            return (await Rescuer(store, Settings()).tick()).pruned
+            return (await Cleaner(store, Settings()).tick()).pruned
 
     assert run_async(main) == 3 * limit + 17
     assert _count(db_dsn) == 0
@@ -44,12 +43,12 @@ def test_one_round_prunes_past_the_batch_limit(db_dsn: str) -> None:
 
 def test_a_round_stops_after_the_batch_cap(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     limit = PruneParams(succeeded_ms=0, failed_ms=0).limit
-    monkeypatch.setattr(rescuer, "PRUNE_BATCHES_MAX", 2)
+    monkeypatch.setattr(cleaner, "PRUNE_BATCHES_MAX", 2)
     _seed_old_successes(db_dsn, 3 * limit)
 
     async def main() -> int:
         async with async_store(db_dsn) as store:
-            return (await Rescuer(store, Settings()).tick()).pruned
+            return (await Cleaner(store, Settings()).tick()).pruned
 
     assert run_async(main) == 2 * limit
     assert _count(db_dsn) == limit

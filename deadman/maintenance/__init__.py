@@ -1,0 +1,28 @@
+"""The maintenance services: rescuer, expirer, cleaner, on one restartable service
+base (``service``), each tick acting only on the leader (``leadership``)."""
+
+from __future__ import annotations
+
+from deadman.config import Settings
+from deadman.maintenance.cleaner import Cleaner, CleanReport
+from deadman.maintenance.expirer import Expirer
+from deadman.maintenance.leadership import Leadership
+from deadman.maintenance.rescuer import Rescuer, RescueReport
+from deadman.maintenance.service import Service
+from deadman.store import AsyncStore
+
+__all__ = [
+    "CleanReport",
+    "Cleaner",
+    "Expirer",
+    "Leadership",
+    "RescueReport",
+    "Rescuer",
+    "Service",
+    "services",
+]
+
+
+def services(store: AsyncStore, settings: Settings) -> list[Service]:
+    """The maintenance services every worker (and ``deadman rescuer``) runs."""
+    return [Rescuer(store, settings), Expirer(store, settings), Cleaner(store, settings)]
