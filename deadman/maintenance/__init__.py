@@ -24,5 +24,11 @@ __all__ = [
 
 
 def services(store: AsyncStore, settings: Settings) -> list[Service]:
-    """The maintenance services every worker (and ``deadman rescuer``) runs."""
-    return [Rescuer(store, settings), Expirer(store, settings), Cleaner(store, settings)]
+    """The maintenance services every worker (and ``deadman rescuer``) runs, sharing
+    one Leadership (one connection at a time)."""
+    leadership = Leadership(store)
+    return [
+        Rescuer(store, settings, leadership),
+        Expirer(store, settings, leadership),
+        Cleaner(store, settings, leadership),
+    ]

@@ -31,9 +31,11 @@ class CleanReport:
 class Cleaner(Service):
     name = "cleaner"
 
-    def __init__(self, store: AsyncStore, settings: Settings) -> None:
+    def __init__(
+        self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
+    ) -> None:
         super().__init__(settings.rescue_s * CLEAN_EVERY)
-        self.leadership = Leadership(store, CLEANER_KEY)
+        self.leadership = leadership or Leadership(store)
         self._prune = PruneParams(
             succeeded_ms=int(settings.retention_succeeded_s * 1000),
             failed_ms=int(settings.retention_failed_s * 1000),
@@ -58,7 +60,7 @@ class Cleaner(Service):
         report.workflows_pruned = workflows or 0
         if workflows:
             log.info("workflows_pruned", count=workflows)
-        async with self.leadership.lead() as tx:
+        async with self.leadership.lead(CLEANER_KEY) as tx:
             if tx is not None:
                 await tx.worker_prune_stale(self._stale_worker_ms)
         return report
@@ -68,7 +70,7 @@ class Cleaner(Service):
         short (or PRUNE_BATCHES_MAX); None if another process led the first batch."""
         total = 0
         for batch in range(PRUNE_BATCHES_MAX):
-            async with self.leadership.lead() as tx:
+            async with self.leadership.lead(CLEANER_KEY) as tx:
                 if tx is None:
                     return None if batch == 0 else total
                 n = await prune(tx)

@@ -17,13 +17,15 @@ EXPIRE_LIMIT = 1000
 class Expirer(Service):
     name = "expirer"
 
-    def __init__(self, store: AsyncStore, settings: Settings) -> None:
+    def __init__(
+        self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
+    ) -> None:
         # as often as the rescuer: job_expire's comment promises one tick at most
         super().__init__(settings.rescue_s)
-        self.leadership = Leadership(store, EXPIRER_KEY)
+        self.leadership = leadership or Leadership(store)
 
     async def tick(self) -> RescueReport:
-        async with self.leadership.lead() as tx:
+        async with self.leadership.lead(EXPIRER_KEY) as tx:
             if tx is None:
                 return RescueReport(leader=False)
             expired = await tx.job_expire(EXPIRE_LIMIT)

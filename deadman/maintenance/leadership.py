@@ -14,10 +14,16 @@ long as its transaction stays open, and nothing would be rescued anywhere: the
 transaction sets ``idle_in_transaction_session_timeout`` to ``idle_ms``, so the
 server ends a session left idle that long and the lock goes with it (DECISIONS 24).
 The cost: a leader's tick may never wait ``idle_ms`` between two statements.
+
+One Leadership per process, shared by its services, lets one of their ticks at a
+time hold a connection: before the split the rescuer took one connection from the
+worker's pool (README's budget counts one), and three services ticking at once
+would take three, from the pool the heartbeat needs.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,21 +37,22 @@ IDLE_MS = 5000
 
 
 class Leadership:
-    """Elects this process for one tick at a time; remembers whether it last led, to
-    log the changes (not every tick)."""
+    """Elects this process for one tick of one service at a time; remembers per key
+    whether it last led, to log the changes (not every tick)."""
 
-    def __init__(self, store: MaintenanceStore, key: int, *, idle_ms: int = IDLE_MS) -> None:
+    def __init__(self, store: MaintenanceStore, *, idle_ms: int = IDLE_MS) -> None:
         self._store = store
-        self.key = key
         self.idle_ms = idle_ms
-        self.leading = False
+        self.leading: dict[int, bool] = {}
+        self._turn = asyncio.Lock()  # this process's services: one connection at a time
 
     @asynccontextmanager
-    async def lead(self) -> AsyncIterator[MaintenanceTx | None]:
-        """The leader's transaction for one tick, or None: another process leads."""
-        async with self._store.maintenance_lead(self.key, self.idle_ms) as tx:
-            if (tx is not None) != self.leading:
-                self.leading = tx is not None
-                event = "leadership_gained" if self.leading else "leadership_elsewhere"
-                log.info(event, key=self.key)
+    async def lead(self, key: int) -> AsyncIterator[MaintenanceTx | None]:
+        """The leader's transaction for one tick of the service ``key``, or None:
+        another process leads it now."""
+        async with self._turn, self._store.maintenance_lead(key, self.idle_ms) as tx:
+            leading = tx is not None
+            if leading != self.leading.get(key, False):
+                self.leading[key] = leading
+                log.info("leadership_gained" if leading else "leadership_elsewhere", key=key)
             yield tx

@@ -49,14 +49,16 @@ def log_rescued(rescued: list[Rescued], report: RescueReport) -> None:
 class Rescuer(Service):
     name = "rescuer"
 
-    def __init__(self, store: AsyncStore, settings: Settings) -> None:
+    def __init__(
+        self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
+    ) -> None:
         super().__init__(settings.rescue_s)
         self._store = store
         self._params = RescueParams(max_rescues=settings.max_rescues)
-        self.leadership = Leadership(store, RESCUER_KEY, idle_ms=self._params.idle_ms)
+        self.leadership = leadership or Leadership(store)
 
     async def tick(self) -> RescueReport:
-        async with self.leadership.lead() as tx:
+        async with self.leadership.lead(RESCUER_KEY) as tx:
             if tx is None:
                 return RescueReport(leader=False)
             rescued = await tx.job_rescue_expired(self._params)

@@ -87,27 +87,28 @@ class MaintenanceTx:
     def __init__(self, conn: AsyncConn) -> None:
         self._conn = conn
 
-    async def _rows(self, name: LiteralString, params: dict[str, Any]) -> list[DictRow]:
+    # named like AsyncBase._all, so tests/unit/test_queries_loader.py sees the names
+    async def _all(self, name: LiteralString, params: dict[str, Any]) -> list[DictRow]:
         cur = await self._conn.execute(QUERIES[name], params)
         return await cur.fetchall() if cur.description else []
 
     async def job_rescue_expired(self, p: RescueParams) -> list[Rescued]:
-        rows = await self._rows("job_rescue_expired", _rescue_args(p))
+        rows = await self._all("job_rescue_expired", _rescue_args(p))
         return [Rescued.from_row(r) for r in rows]
 
     async def job_expire(self, limit: int) -> list[Rescued]:
         """start_by / deadline passed before the job started: dead, not run."""
-        return [Rescued.from_row(r) for r in await self._rows("job_expire", {"limit": limit})]
+        return [Rescued.from_row(r) for r in await self._all("job_expire", {"limit": limit})]
 
     async def job_prune_finished(self, p: PruneParams) -> int:
-        return len(await self._rows("job_prune_finished", _prune_args(p)))
+        return len(await self._all("job_prune_finished", _prune_args(p)))
 
     async def workflow_prune_finished(self, p: PruneParams) -> int:
         """Delete finished workflows with no node left; returns how many."""
-        return len(await self._rows("workflow_prune_finished", _workflow_prune_args(p)))
+        return len(await self._all("workflow_prune_finished", _workflow_prune_args(p)))
 
     async def worker_prune_stale(self, older_than_ms: int) -> None:
-        await self._rows("worker_prune_stale", {"older_than_ms": older_than_ms})
+        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
 
 
 class MaintenanceStore(AsyncBase):

@@ -18,8 +18,8 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
-from deadman.model import Job
 from deadman.maintenance import Expirer
+from deadman.model import Job
 from deadman.store import ClaimParams, UnknownDependency
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row, with_store

@@ -9,13 +9,17 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from deadman.config import Settings
 from deadman.maintenance import Cleaner, Expirer, Rescuer, RescueReport, Service
-from deadman.store import AsyncStore
+from deadman.model import Job
+from deadman.store import AsyncStore, ClaimParams, HeartbeatParams
+from deadman.store.maintenance import RESCUER_KEY
+from deadman.worker.process import Worker
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
 
 SETTINGS = Settings(rescue_s=0.02)  # the cleaner ticks every 10 of these: 0.2 s
@@ -170,7 +174,7 @@ def test_two_rescuers_compete_and_only_one_acts_per_tick(db_dsn: str) -> None:
         async with async_store(db_dsn) as one, async_store(db_dsn) as two:
             a, b = Rescuer(one, SETTINGS), Rescuer(two, SETTINGS)
             job_id = _lapsed(db_dsn)
-            async with a.leadership.lead() as held:
+            async with a.leadership.lead(RESCUER_KEY) as held:
                 assert held is not None
                 assert await b.tick() == RescueReport(leader=False)
                 assert _state(db_dsn, job_id) == "running"
@@ -186,5 +190,55 @@ def test_two_rescuers_compete_and_only_one_acts_per_tick(db_dsn: str) -> None:
                 with connect(db_dsn) as conn:
                     assert len(attempt_rows(conn, job_id)) == 1
                     assert job_row(conn, job_id)["rescues"] == 1
+
+    run_async(main)
+
+
+# ------------------------------------------------------- a Worker's store and services
+
+
+def test_a_worker_runs_on_the_store_and_services_it_is_given(db_dsn: str) -> None:
+    """No monkeypatching: the worker's producer and heartbeat use the store handed in,
+    and the services handed in run while the worker does and stop with it."""
+
+    class Recording(AsyncStore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.calls: list[str] = []
+
+        async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
+            self.calls.append("job_claim")
+            return await super().job_claim(p, retry_s)
+
+        async def job_heartbeat_many(
+            self, p: HeartbeatParams, retry_s: float | None = None
+        ) -> dict[int, bool]:
+            self.calls.append("job_heartbeat_many")
+            return await super().job_heartbeat_many(p, retry_s)
+
+    class Counting(Service):
+        name = "counting"
+
+        async def tick(self) -> None:
+            pass
+
+    async def main() -> None:
+        store = Recording.create(db_dsn, min_size=1, max_size=4)
+        service = Counting(interval_s=0.01)
+        worker = Worker(db_dsn, SETTINGS, store=store, services=[service])
+        running = asyncio.create_task(worker.run())
+        try:
+            await eventually(
+                lambda: (
+                    {"job_claim", "job_heartbeat_many"} <= set(store.calls) and service.ticks >= 2
+                ),
+                20,
+                "the worker to claim and beat through the given store, and the service to tick",
+            )
+        finally:
+            worker.request_stop()
+            assert await asyncio.wait_for(running, 30) == 0
+        assert not service.running  # stopped with the worker
+        assert worker.services == [service]  # given services replace the default ones
 
     run_async(main)
