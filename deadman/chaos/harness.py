@@ -631,11 +631,16 @@ class Run:
             )
         cut_keys = ["worker", "leases_at_cut", "cut_s", "rescued_from_it", "refused_writes"]
         episodes = [
-            ("zombie", "zombie", "zombie: paused past its lease, late writes refused", cut_keys),
+            (
+                "zombie",
+                "zombie",
+                "zombie: paused past its lease; late writes refused or given up",
+                cut_keys,
+            ),
             (
                 "partition",
                 "partition",
-                "partition: cut off past its lease, late writes refused",
+                "partition: cut off past its lease; late writes refused or given up",
                 cut_keys,
             ),
             (

@@ -157,7 +157,8 @@ def _cut_off(
 ) -> dict[str, Any]:
     """Cut a lease-holding worker off (``cut``) until every one of its leases has
     lapsed and the rescuer handed at least one on, then let it back (``heal``): its
-    late writes must be refused, and the refusals recorded."""
+    late writes must be refused, or given up on waking (it stands down from leases
+    it can no longer trust), and either recorded."""
     ctx.protected.add(slot)
     try:
         deadline = time.monotonic() + 120.0

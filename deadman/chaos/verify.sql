@@ -65,8 +65,10 @@ SELECT COALESCE(sum(n), 0) AS invocations,
 FROM per_job;
 
 -- name: refusals
--- Fenced writes the database refused (zombie and partitioned workers writing late).
+-- Fenced writes the database refused (zombie and partitioned workers writing late),
+-- and leases a late worker gave up on its own before writing ('abandoned').
 SELECT count(*) AS refused,
+       count(*) FILTER (WHERE action = 'abandoned') AS abandoned,
        count(*) FILTER (WHERE action = 'transaction') AS in_transaction,
        count(*) FILTER (WHERE action = 'finish') AS finish,
        count(*) FILTER (WHERE action = 'heartbeat') AS heartbeat,

@@ -258,6 +258,9 @@ class Executor:
             held.abort = reason
         if reason is Abort.LEASE_LOST:
             held.ctx.mark_lease_lost()
+            # Evidence, as for a refused write: a worker that wakes late (paused,
+            # partitioned) usually stands down on its own before it writes at all.
+            self._evidence(held.ctx, "abandoned")
             if not held.is_async:
                 # A thread cannot be stopped, so keep waiting for it: whatever it then
                 # writes is refused by the fence, and the refusal is recorded. Its slot
@@ -485,6 +488,11 @@ class Executor:
         return Finish(
             job.id, ctx.lease_token, JobState.RETRYING, outcome, delay_ms=delay, error=error
         )
+
+    def _evidence(self, ctx: JobContext, action: str) -> None:
+        task = asyncio.create_task(self._record_refusal(ctx, action))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _record_refusal(self, ctx: JobContext, action: str) -> None:
         try:
