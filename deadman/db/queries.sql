@@ -438,23 +438,32 @@ RETURNING j.id, j.state, j.queue;
 
 -- name: job_prune_finished
 -- Retention: delete finished jobs older than their state's retention, in batches.
--- The DELETE tests state and age again itself. Under READ COMMITTED a DELETE that
--- waited on a row lock re-tests only its own WHERE against the row's new version,
--- never the CTE that picked it: without the second test, a job that POST
--- /jobs/{id}/retry (or a DLQ replay) moved dead -> queued and committed while we
--- waited was deleted after its 200 (tests/integration/test_race_matrix.py).
-WITH doomed AS (
-    (SELECT id FROM deadman.jobs
-     WHERE state = 'succeeded'
-       AND finished_at < now() - %(succeeded_ms)s::bigint * interval '1 millisecond'
-     LIMIT %(limit)s)
-    UNION ALL
-    (SELECT id FROM deadman.jobs
-     WHERE state IN ('dead', 'cancelled')
-       AND finished_at < now() - %(failed_ms)s::bigint * interval '1 millisecond'
-     LIMIT %(limit)s)
+-- The victims are locked first, SKIP LOCKED: a row an operator is retrying or
+-- replaying right now is left for the next round. Deleting without locking them
+-- first took row locks in no fixed order and waited on each: a DLQ replay that held
+-- a dead dependent and then asked for its succeeded upstream (FOR SHARE) deadlocked
+-- with a prune deleting both (found by the operators chaos scenario). Locking
+-- re-tests each row's WHERE against its latest version, so a job a retry moved dead
+-- -> queued and committed meanwhile is no victim; the DELETE tests state and age
+-- once more, so the statement stays right on its own (the retention bug of
+-- tests/integration/test_race_matrix.py: a DELETE that waited re-tested only its
+-- own WHERE, never the CTE that picked the row, and deleted a job after its
+-- retry's 200).
+WITH succeeded AS (
+    SELECT id FROM deadman.jobs
+    WHERE state = 'succeeded'
+      AND finished_at < now() - %(succeeded_ms)s::bigint * interval '1 millisecond'
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), failed AS (
+    SELECT id FROM deadman.jobs
+    WHERE state IN ('dead', 'cancelled')
+      AND finished_at < now() - %(failed_ms)s::bigint * interval '1 millisecond'
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 )
-DELETE FROM deadman.jobs j USING doomed d
+DELETE FROM deadman.jobs j
+USING (SELECT id FROM succeeded UNION ALL SELECT id FROM failed) AS d
 WHERE j.id = d.id
   AND CASE WHEN j.state = 'succeeded'
            THEN j.finished_at < now() - %(succeeded_ms)s::bigint * interval '1 millisecond'

@@ -611,10 +611,12 @@ def test_race(db_dsn: str, setup: str, first: str, second: str) -> None:
 
 
 def test_retention_never_deletes_a_job_retry_just_put_back(db_dsn: str) -> None:
-    """Bug 1, spelled out: retry holds the row, the prune waits on it, retry commits
-    (the client got 200), the prune goes on: the job must still be there."""
+    """Bug 1, spelled out: retry holds the row (the client gets 200 at its commit)
+    while the prune runs. The prune used to wait on the row and then delete it; now it
+    passes the locked row by (and would re-test it if it had waited): the job must
+    still be there, requeued."""
     world, out = run_case(db_dsn, "dead_old", "retry", "prune")
-    assert out.blocked, "the prune did not wait on the retry's row lock"
+    assert not out.blocked, "the prune waited on the retry's row lock"
     assert out.acked == {"retry": True, "prune": False}
     with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
         row = conn.execute("SELECT state FROM deadman.jobs WHERE id = %s", (world.job,)).fetchone()
@@ -680,3 +682,49 @@ def test_every_state_changing_statement_has_a_row() -> None:
     assert not missing, f"statements that change jobs without a row in MATRIX: {missing}"
     unused = sorted(set(STATEMENTS) - {n for _, p, r in MATRIX for n in (p, r)})
     assert not unused, f"statements defined but never raced: {unused}"
+
+
+def test_retention_never_waits_on_a_row_an_operator_holds(db_dsn: str) -> None:
+    """The deadlock the operators chaos scenario found: a DLQ replay holds a dead
+    dependent (its `picked` FOR UPDATE) and then asks for the dependent's succeeded
+    upstream (FOR SHARE); a prune deleting both had taken the upstream and waited on
+    the dependent. Retention now passes a locked row by, so it never waits at all."""
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as admin:
+        up = insert_job(admin, state="succeeded", queue=QUEUE, finished_ago_s=2 * 86400)
+        down = insert_job(admin, state="dead", queue=QUEUE, finished_ago_s=2 * 86400)
+        admin.execute("UPDATE deadman.jobs SET has_dependents = true WHERE id = %s", (up.id,))
+        admin.execute(
+            "INSERT INTO deadman.job_deps (job_id, depends_on) VALUES (%s, %s)", (down.id, up.id)
+        )
+    with (
+        psycopg.connect(db_dsn, row_factory=dict_row) as replay,
+        psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as pruner,
+        psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as observer,
+    ):
+        replay.execute("SELECT id FROM deadman.jobs WHERE id = %s FOR UPDATE", (down.id,))
+        pid = _pid(pruner)
+        result: dict[str, Any] = {}
+
+        def prune() -> None:
+            try:
+                result["rows"] = _prune(pruner, World(job=up.id))
+            except psycopg.Error as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=prune, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10.0
+        while thread.is_alive() and not _waits_on_lock(observer, pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        blocked = thread.is_alive()
+        # the replay goes on to the upstream, as job_retry_dead_many's deps CTE does
+        upstream = replay.execute(
+            "SELECT id FROM deadman.jobs WHERE id = %s FOR SHARE", (up.id,)
+        ).fetchall()
+        replay.commit()
+        thread.join(10.0)
+    assert not blocked, "the prune waited on a row the replay held"
+    assert "error" not in result, result.get("error")
+    assert _ids(result["rows"]) == {up.id}  # the held row was left for the next round
+    assert upstream == []  # gone, and nobody waited for anybody
