@@ -25,7 +25,8 @@ from collections.abc import Callable
 from deadman import logs, metrics
 from deadman.errors import DatabaseUnavailable
 from deadman.model import JobState
-from deadman.store import AsyncStore, Finish
+from deadman.store import Finish
+from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.completer")
 
@@ -40,7 +41,7 @@ BATCH_MAX_BYTES = 64 * 1024 * 1024
 class Completer:
     def __init__(
         self,
-        store: AsyncStore,
+        store: WorkerStore,
         worker_id: str,
         batch_max: int = 500,
         in_flight: int = 2,

@@ -20,11 +20,12 @@ from psycopg_pool import PoolTimeout
 from deadman.errors import DatabaseUnavailable, DeadmanError, LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import AsyncConn, Finish, SyncConn
+from deadman.worker.worker_store import WorkerStore
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-    from deadman.store import AsyncStore, SyncStore
+    from deadman.store import SyncStore
 
 
 class JobContext:
@@ -35,7 +36,7 @@ class JobContext:
         job: Job,
         *,
         worker_id: str,
-        store: AsyncStore,
+        store: WorkerStore,
         pool: AsyncConnectionPool[AsyncConn],
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],

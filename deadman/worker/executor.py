@@ -37,10 +37,11 @@ from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
 from deadman.storable import MAX_DEPTH, check_storable
-from deadman.store import AsyncConn, AsyncStore, Finish, SyncStore
+from deadman.store import AsyncConn, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
 from deadman.worker.inflight import Abort, Held, Inflight
+from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.executor")
 
@@ -122,7 +123,7 @@ class Executor:
         self,
         *,
         registry: Registry,
-        store: AsyncStore,
+        store: WorkerStore,
         handler_pool: AsyncConnectionPool[AsyncConn],
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],

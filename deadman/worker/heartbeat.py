@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from deadman import logs, metrics
 from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
-from deadman.store import AsyncStore, HeartbeatParams
+from deadman.store import HeartbeatParams
 from deadman.worker.executor import Executor
 from deadman.worker.inflight import Abort, Inflight
+from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.heartbeat")
 
@@ -39,7 +40,7 @@ class Heartbeat:
     def __init__(
         self,
         *,
-        store: AsyncStore,
+        store: WorkerStore,
         settings: Settings,
         inflight: Inflight,
         executor: Executor,

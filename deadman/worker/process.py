@@ -39,7 +39,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 from psycopg_pool import ConnectionPool
 
@@ -162,9 +162,7 @@ class Worker:
         inflight = Inflight()
         slots = Slots(s.concurrency)
         threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
-        # Until producer, heartbeat, completer and executor annotate their store as
-        # WorkerStore (all they call is in it), they are typed for the AsyncStore.
-        store = cast(AsyncStore, self.store)
+        store = self.store
         completer = Completer(
             store, self.worker_id, s.completer_batch, in_flight=s.completer_flushes
         )

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from deadman import logs, metrics
 from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
-from deadman.store import AsyncStore, ClaimParams, quarantine_at
+from deadman.store import ClaimParams, quarantine_at
 from deadman.worker.executor import Executor, Slots
 from deadman.worker.inflight import Inflight
+from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.producer")
 
@@ -50,7 +51,7 @@ class Producer:
     def __init__(
         self,
         *,
-        store: AsyncStore,
+        store: WorkerStore,
         settings: Settings,
         executor: Executor,
         slots: Slots,

@@ -16,8 +16,8 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.config import Settings
+from deadman.maintenance import Rescuer
 from deadman.model import AttemptOutcome, JobState
-from deadman.rescuer import Rescuer
 from deadman.store import Finish, SyncStore, UnknownDependency
 from tests.factories import attempt_rows, connect, job_row, with_store
 from tests.helpers import wait_for
