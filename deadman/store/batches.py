@@ -7,12 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from deadman.model import (
     Job,
 )
-from deadman.store.jobs import NewJob, UnknownDependency, deps_verdict
+from deadman.store.jobs import NewJob, UnknownDependency, deps_verdict, job_columns
 
 
 @dataclass(frozen=True)
@@ -44,22 +42,11 @@ def batch_params(
     verdicts = verdicts or [(0, None)] * len(jobs)
     return {
         "ords": list(range(len(jobs))),
-        "types": [j.type for j in jobs],
-        "queues": [j.queue for j in jobs],
-        "priorities": [j.priority for j in jobs],
-        "payloads": [Jsonb(j.payload) for j in jobs],
-        "max_attempts": [j.max_attempts or default_max_attempts for j in jobs],
-        "backoffs": [Jsonb(j.backoff.to_json()) for j in jobs],
-        "timeouts_ms": [j.timeout_ms for j in jobs],
-        "run_ats": [j.run_at for j in jobs],
-        "delays_ms": [j.delay_ms for j in jobs],
+        **job_columns(jobs, default_max_attempts),
         "idempotency_keys": [j.idempotency_key for j in jobs],
         "request_hashes": [j.request_hash() if j.idempotency_key else None for j in jobs],
         "pending_deps": [v[0] for v in verdicts],
         "upstream_errors": [v[1] for v in verdicts],
-        "start_bys": [j.start_by for j in jobs],
-        "deadlines": [j.deadline for j in jobs],
-        "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
     }
 
 

@@ -157,3 +157,22 @@ class UnknownDependency(InvalidJob):
         super().__init__("depends_on names unknown jobs: " + ", ".join(map(str, ids)))
         self.ids = tuple(ids)
         self.index = index
+
+
+def job_columns(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, list[Any]]:
+    """The job columns as arrays, one element per job: what job_insert_many_returning
+    and workflow_insert unnest (each adds its own: keys, dependencies, node names)."""
+    return {
+        "types": [j.type for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "payloads": [Jsonb(j.payload) for j in jobs],
+        "max_attempts": [j.max_attempts or default_max_attempts for j in jobs],
+        "backoffs": [Jsonb(j.backoff.to_json()) for j in jobs],
+        "timeouts_ms": [j.timeout_ms for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "delays_ms": [j.delay_ms for j in jobs],
+        "start_bys": [j.start_by for j in jobs],
+        "deadlines": [j.deadline for j in jobs],
+        "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
+    }

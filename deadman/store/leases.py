@@ -104,12 +104,9 @@ def claim_params(p: ClaimParams) -> dict[str, Any]:
 
 def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
     """job_claim_quarantined's: claim_params without the limit (it claims one)."""
-    return {
-        "queue": p.queue,
-        "worker": p.worker,
-        "ttl_ms": p.ttl_ms,
-        "quarantine_at": p.quarantine_at,
-    }
+    params = claim_params(p)
+    del params["limit"]
+    return params
 
 
 def heartbeat_params(p: HeartbeatParams) -> dict[str, Any]:

@@ -7,14 +7,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from deadman.errors import InvalidJob
 from deadman.model import (
     TYPE_RE,
     find_cycle,
 )
-from deadman.store.jobs import NewJob
+from deadman.store.jobs import NewJob, job_columns
 
 MAX_NODES = 1000
 MAX_EDGES = 10_000
@@ -94,20 +92,9 @@ def workflow_params(wf: NewWorkflow, default_max_attempts: int) -> dict[str, Any
         "request_hash": wf.request_hash() if wf.idempotency_key is not None else None,
         "ords": list(range(len(jobs))),
         "nodes": [name for name, _ in wf.nodes],
-        "types": [j.type for j in jobs],
-        "queues": [j.queue for j in jobs],
-        "priorities": [j.priority for j in jobs],
-        "payloads": [Jsonb(j.payload) for j in jobs],
-        "max_attempts": [j.max_attempts or default_max_attempts for j in jobs],
-        "backoffs": [Jsonb(j.backoff.to_json()) for j in jobs],
-        "timeouts_ms": [j.timeout_ms for j in jobs],
-        "run_ats": [j.run_at for j in jobs],
-        "delays_ms": [j.delay_ms for j in jobs],
+        **job_columns(jobs, default_max_attempts),
         "pending": [indegree[name] for name, _ in wf.nodes],
         "has_dependents": [name in outgoing for name, _ in wf.nodes],
-        "start_bys": [j.start_by for j in jobs],
-        "deadlines": [j.deadline for j in jobs],
-        "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
         "froms": [a for a, _ in wf.edges],
         "tos": [b for _, b in wf.edges],
     }
