@@ -518,11 +518,17 @@ def _before_after(w: Any, md_path: Path) -> None:
             f"{', '.join(_f(r['jobs_per_s']) for r in runs['before'])} | "
             f"{', '.join(_f(r['jobs_per_s']) for r in runs['after'])} | **{ab['ratio']}x**{ok} |"
         )
-    m = results[-1][1].get("machine", {})
+    # Each comparison ran on the machine its file records: name every one, with its runs.
+    machines: dict[str, list[str]] = {}
+    for path, ab in results:
+        m = ab.get("machine", {})
+        name = (
+            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres {m.get('postgres', '?')}"
+        )
+        machines.setdefault(name, []).append(f"`{_rel(path, md_path)}`")
     w(
-        f"\nMachine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres "
-        f"{m.get('postgres', '?')}. Raw: "
-        + ", ".join(f"`{_rel(path, md_path)}`" for path, _ in results)
+        "\nMachines and raw results: "
+        + "; ".join(f"{name}: {', '.join(files)}" for name, files in machines.items())
         + ". `+changes`: the checkout had uncommitted edits outside the package (the "
         "report itself).\n"
     )
