@@ -130,22 +130,15 @@ def test_a_flush_that_raises_fails_its_rows_not_the_completer(db_dsn: str) -> No
 
 @pytest.mark.parametrize(("claim_batch", "most"), [(0, 4), (3, 3)])
 def test_the_producer_claims_at_most_claim_batch_per_statement(
-    db_dsn: str, claim_batch: int, most: int, monkeypatch: pytest.MonkeyPatch
+    db_dsn: str, claim_batch: int, most: int
 ) -> None:
     """8 slots: by default a claim asks for 4 at most (half), so two cohorts
     alternate; DEADMAN_CLAIM_BATCH sets it. Every job still runs exactly once."""
-    made: list[WatchedStore] = []
-
-    class Recorded(WatchedStore):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr("deadman.worker.process.AsyncStore", Recorded)
+    store = WatchedStore.create(db_dsn, min_size=2, max_size=6)
     settings = replace(SETTINGS, concurrency=8, claim_batch=claim_batch)
     with Client(db_dsn, settings=settings) as client, connect(db_dsn) as conn:
         ids = client.enqueue_many([client.job("t.async") for _ in range(60)])
-        with running_worker(db_dsn, settings=settings):
+        with running_worker(db_dsn, settings=settings, store=store):
             wait_for(
                 lambda: (
                     conn.execute(
@@ -156,8 +149,7 @@ def test_the_producer_claims_at_most_claim_batch_per_statement(
                 timeout=20,
                 message="60 jobs succeeded",
             )
-        assert len(made) == 1
-        limits = made[0].claim_limits
+        limits = store.claim_limits
         assert limits and max(limits) == most
         rows = conn.execute(
             "SELECT job_id, count(*) AS n FROM deadman.attempts WHERE job_id = ANY(%s)"

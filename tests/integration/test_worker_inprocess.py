@@ -27,6 +27,7 @@ from deadman.model import Backoff, Job
 from deadman.registry import Registry
 from deadman.worker.context import JobContext
 from deadman.worker.process import Worker
+from deadman.worker.worker_store import WorkerStore
 from tests.factories import attempt_rows, connect, job_row
 from tests.helpers import wait_for
 
@@ -107,8 +108,15 @@ async def nan_result(job: Job, ctx: JobContext) -> float:
 class WorkerThread:
     """One Worker on its own event loop in a thread; ``stop()`` returns run()'s code."""
 
-    def __init__(self, dsn: str, settings: Settings, handlers: Registry | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        settings: Settings,
+        handlers: Registry | None = None,
+        store: WorkerStore | None = None,
+    ) -> None:
         self._dsn = dsn
+        self._store = store
         self._settings = settings
         self._handlers = registry if handlers is None else handlers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,7 +128,7 @@ class WorkerThread:
 
     def _main(self) -> None:
         async def main() -> int:
-            self._worker = Worker(self._dsn, self._settings, self._handlers)
+            self._worker = Worker(self._dsn, self._settings, self._handlers, store=self._store)
             self._loop = asyncio.get_running_loop()
             self._ready.set()
             return await self._worker.run()
@@ -166,10 +174,14 @@ class WorkerThread:
 
 @contextmanager
 def running_worker(
-    dsn: str, settings: Settings = SETTINGS, handlers: Registry | None = None
+    dsn: str,
+    settings: Settings = SETTINGS,
+    handlers: Registry | None = None,
+    store: WorkerStore | None = None,
 ) -> Iterator[WorkerThread]:
-    """A started WorkerThread (``handlers``: this module's registry unless given)."""
-    w = WorkerThread(dsn, settings, handlers)
+    """A started WorkerThread (``handlers``: this module's registry unless given;
+    ``store``: the worker's own AsyncStore unless given)."""
+    w = WorkerThread(dsn, settings, handlers, store)
     w.start()
     try:
         yield w
