@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +54,7 @@ from deadman.store import (
     heartbeat_params,
 )
 from tests.factories import insert_job
+from tests.helpers import wait_for
 
 QUEUE = "race"
 TTL_MS = 30_000
@@ -450,6 +450,17 @@ def _waits_on_lock(observer: Conn, pid: int) -> bool:
     return row is not None and row["wait_event_type"] == "Lock"
 
 
+def _finished_or_blocked(thread: threading.Thread, observer: Conn, pid: int, what: str) -> None:
+    """Wait until the statement in ``thread`` finished (SKIP LOCKED passed the row
+    by) or its backend waits on a lock: the interleaving is forced, never hoped for."""
+    wait_for(
+        lambda: not thread.is_alive() or _waits_on_lock(observer, pid),
+        timeout=10.0,
+        interval=0.002,
+        message=f"{what} to finish or block on a lock",
+    )
+
+
 def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outcome]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
         world = SETUPS[setup](admin)
@@ -473,10 +484,7 @@ def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outc
 
         thread = threading.Thread(target=second_statement, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 10.0
-        while thread.is_alive() and not _waits_on_lock(observer, b_pid):
-            assert time.monotonic() < deadline, f"{second} neither finished nor blocked"
-            time.sleep(0.002)
+        _finished_or_blocked(thread, observer, b_pid, second)
         out.blocked = thread.is_alive()
         a.commit()
         thread.join(10.0)
@@ -713,10 +721,7 @@ def test_retention_never_waits_on_a_row_an_operator_holds(db_dsn: str) -> None:
 
         thread = threading.Thread(target=prune, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 10.0
-        while thread.is_alive() and not _waits_on_lock(observer, pid):
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
+        _finished_or_blocked(thread, observer, pid, "the prune")
         blocked = thread.is_alive()
         # the replay goes on to the upstream, as job_retry_dead_many's deps CTE does
         upstream = replay.execute(
