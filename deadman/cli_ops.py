@@ -32,6 +32,7 @@ from deadman.db.startup import require_ready
 from deadman.errors import InvalidJob, translate
 from deadman.model import Job, JobState, validate_queue, validate_type
 from deadman.store import AsyncStore, ListParams
+from deadman.store.reads import throughput_series
 
 T = TypeVar("T")
 
@@ -233,19 +234,6 @@ def sparkline(values: Sequence[int]) -> str:
     if top <= 0:
         return SPARK[0] * len(values)
     return "".join(SPARK[min(len(SPARK) - 1, v * (len(SPARK) - 1) // top)] for v in values)
-
-
-def throughput_by_queue(rows: Sequence[dict[str, Any]], minutes: int) -> dict[str, list[int]]:
-    """Succeeded jobs per minute per queue, oldest first, ``minutes`` points each."""
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    series: dict[str, list[int]] = {}
-    for r in rows:
-        if r["state"] != "succeeded":
-            continue
-        back = int((now - r["minute"]).total_seconds() // 60)
-        if 0 <= back < minutes:
-            series.setdefault(r["queue"], [0] * minutes)[minutes - 1 - back] += int(r["jobs"])
-    return series
 
 
 # --------------------------------------------------------------------------- jobs
@@ -456,7 +444,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 async def _snapshot(store: AsyncStore, settings: Settings) -> RenderableType:
     minutes = 30
     queues = [queue_json(r) for r in await store.queue_list()]
-    series = throughput_by_queue(await store.throughput_recent(minutes), minutes)
+    series = throughput_series(await store.throughput_recent(minutes), minutes)
     workers = await _workers(store, settings)
     t = Table(title=f"throughput (succeeded/min, last {minutes} min)", title_justify="left")
     t.add_column("queue")

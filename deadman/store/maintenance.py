@@ -80,7 +80,25 @@ def _workflow_prune_args(p: PruneParams) -> dict[str, Any]:
     return {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit}
 
 
-class MaintenanceTx:
+class Cleaning:
+    """The cleaner's statements, on whatever runs them: a leader's transaction
+    (MaintenanceTx) or the pool, in autocommit and retried (MaintenanceStore)."""
+
+    async def _all(self, name: LiteralString, params: dict[str, Any]) -> list[DictRow]:
+        raise NotImplementedError
+
+    async def job_prune_finished(self, p: PruneParams) -> int:
+        return len(await self._all("job_prune_finished", _prune_args(p)))
+
+    async def workflow_prune_finished(self, p: PruneParams) -> int:
+        """Delete finished workflows with no node left; returns how many."""
+        return len(await self._all("workflow_prune_finished", _workflow_prune_args(p)))
+
+    async def worker_prune_stale(self, older_than_ms: int) -> None:
+        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
+
+
+class MaintenanceTx(Cleaning):
     """The maintenance statements on one connection, inside its transaction: the one
     that holds leadership (MaintenanceStore.maintenance_lead)."""
 
@@ -100,18 +118,8 @@ class MaintenanceTx:
         """start_by / deadline passed before the job started: dead, not run."""
         return [Rescued.from_row(r) for r in await self._all("job_expire", {"limit": limit})]
 
-    async def job_prune_finished(self, p: PruneParams) -> int:
-        return len(await self._all("job_prune_finished", _prune_args(p)))
 
-    async def workflow_prune_finished(self, p: PruneParams) -> int:
-        """Delete finished workflows with no node left; returns how many."""
-        return len(await self._all("workflow_prune_finished", _workflow_prune_args(p)))
-
-    async def worker_prune_stale(self, older_than_ms: int) -> None:
-        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
-
-
-class MaintenanceStore(AsyncBase):
+class MaintenanceStore(AsyncBase, Cleaning):
     """Where the maintenance statements run: under leadership (the services), or
     directly (tests, the chaos harness's own pruner)."""
 
@@ -133,13 +141,5 @@ class MaintenanceStore(AsyncBase):
         async with self.maintenance_lead(RESCUER_KEY, p.idle_ms) as tx:
             return None if tx is None else await tx.job_rescue_expired(p)
 
-    # Without leadership, one statement each in autocommit, retried like any other.
-
-    async def job_prune_finished(self, p: PruneParams) -> int:
-        return len(await self._all("job_prune_finished", _prune_args(p)))
-
-    async def workflow_prune_finished(self, p: PruneParams) -> int:
-        return len(await self._all("workflow_prune_finished", _workflow_prune_args(p)))
-
-    async def worker_prune_stale(self, older_than_ms: int) -> None:
-        await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
+    # Without leadership (Cleaning's statements): one statement each in autocommit,
+    # retried like any other (AsyncBase._all).

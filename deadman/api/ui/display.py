@@ -81,17 +81,3 @@ def spark(values: list[int], width: int = 120, height: int = 24) -> Spark:
     )
     label = f"succeeded per minute, last {len(values)} minutes, peak {max(values, default=0)}"
     return Spark(points, label, values[-1] if values else 0, width, height)
-
-
-def spark_series(rows: list[Any]) -> dict[str, list[int]]:
-    """Succeeded jobs per queue per minute, the last :data:`SPARK_MINUTES` minutes."""
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    series: dict[str, list[int]] = {}
-    for r in rows:
-        if r["state"] != "succeeded":
-            continue
-        back = int((now - r["minute"]).total_seconds() // 60)
-        if 0 <= back < SPARK_MINUTES:
-            points = series.setdefault(r["queue"], [0] * SPARK_MINUTES)
-            points[SPARK_MINUTES - 1 - back] += int(r["jobs"])
-    return series

@@ -18,12 +18,13 @@ from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.schema import parse_id
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.api.state import api_state
-from deadman.api.ui.display import SPARK_MINUTES, shorten, spark, spark_series, url
+from deadman.api.ui.display import SPARK_MINUTES, shorten, spark, url
 from deadman.api.ui.guard import PageError, guarded
 from deadman.api.ui.render import message, page
 from deadman.errors import InvalidJob
 from deadman.model import JobState, validate_queue, validate_type
 from deadman.store import ListParams
+from deadman.store.reads import throughput_series
 
 PAGE_SIZE = 50
 STATES = [s.value for s in JobState]
@@ -66,7 +67,7 @@ async def overview(request: Request) -> Response:
     store = api_state(request).store
     rows = await store.queue_list()
     stats = stats_json(rows, await store.job_counts_finished())
-    series = spark_series(await store.throughput_recent(SPARK_MINUTES))
+    series = throughput_series(await store.throughput_recent(SPARK_MINUTES), SPARK_MINUTES)
     by_name = {q["name"]: q for q in (queue_json(r) for r in rows)}
     queues = []
     for name in sorted(set(by_name) | set(series)):
