@@ -74,6 +74,18 @@ class M:
     cancel_requested: bool = False
     attempts_ended: int = 0
 
+    def cancel(self) -> None:
+        """An acknowledged cancel: a running job keeps its attempt, flagged; a job
+        waiting in line ends cancelled; a finished one is not changed."""
+        if self.state == "running":
+            self.cancel_requested = True
+        elif self.state not in FINAL:
+            self.state = "cancelled"
+
+    def reopen(self) -> None:
+        """An acknowledged retry or replay: due again, with a fresh set of attempts."""
+        self.state, self.attempt, self.rescues, self.cancel_requested = "queued", 0, 0, False
+
 
 class Lifecycle(RuleBasedStateMachine):
     dsn: str
@@ -215,10 +227,7 @@ class Lifecycle(RuleBasedStateMachine):
         m = self.jobs[job_id]
         got = self.run(self.store.job_cancel(job_id))
         assert (got is not None) == (m.state not in FINAL)
-        if m.state == "running":
-            m.cancel_requested = True
-        elif m.state not in FINAL:
-            m.state = "cancelled"
+        m.cancel()
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
@@ -228,7 +237,7 @@ class Lifecycle(RuleBasedStateMachine):
         got = self.run(self.store.job_retry(job_id))
         assert (got is not None) == (m.state in ("dead", "cancelled"))
         if got is not None:
-            m.state, m.attempt, m.rescues, m.cancel_requested = "queued", 0, 0, False
+            m.reopen()
 
     @rule(queue=st.sampled_from(QUEUES))
     def replay(self, queue: str) -> None:
@@ -236,8 +245,7 @@ class Lifecycle(RuleBasedStateMachine):
         got = self.run(self.store.job_retry_dead_many(None, queue, batch=2))
         assert set(got) == want
         for i in got:
-            m = self.jobs[i]
-            m.state, m.attempt, m.rescues, m.cancel_requested = "queued", 0, 0, False
+            self.jobs[i].reopen()
 
     @rule(queue=st.sampled_from(QUEUES), paused=st.booleans())
     def pause(self, queue: str, paused: bool) -> None:
@@ -349,10 +357,7 @@ class LifecycleOverHttp(Lifecycle):
         r = self.http.post(f"/jobs/{job_id}/cancel")
         want = 409 if m.state in FINAL else 202 if m.state == "running" else 200
         assert r.status_code == want, (m.state, r.status_code, r.text)
-        if m.state == "running":
-            m.cancel_requested = True
-        elif m.state not in FINAL:
-            m.state = "cancelled"
+        m.cancel()
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
@@ -363,7 +368,7 @@ class LifecycleOverHttp(Lifecycle):
         assert r.status_code == (200 if m.state in ("dead", "cancelled") else 409), r.text
         if r.status_code == 200:
             assert r.json()["state"] == "queued"
-            m.state, m.attempt, m.rescues, m.cancel_requested = "queued", 0, 0, False
+            m.reopen()
 
     @rule(queue=st.sampled_from(QUEUES), paused=st.booleans())
     def pause(self, queue: str, paused: bool) -> None:
