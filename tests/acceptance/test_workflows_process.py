@@ -16,7 +16,7 @@ from tests.acceptance.conftest import (
     wait_registered,
 )
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client
+from tests.helpers.api import api_client
 
 pytestmark = pytest.mark.slow
 

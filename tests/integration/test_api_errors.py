@@ -16,7 +16,7 @@ import pytest
 
 from tests.factories import connect, insert_job
 from tests.helpers import wait_for
-from tests.integration.test_api_support import (
+from tests.helpers.api import (
     JSON,
     api_client,
     assert_problem,

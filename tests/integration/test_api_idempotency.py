@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.factories import connect
-from tests.integration.test_api_support import (
+from tests.helpers.api import (
     api_client,
     assert_problem,
     error_fields,

@@ -13,7 +13,7 @@ import pytest
 
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row
 from tests.helpers import wait_for
-from tests.integration.test_api_support import (
+from tests.helpers.api import (
     api_client,
     assert_problem,
     error_fields,

@@ -7,7 +7,7 @@ from typing import Any
 
 from deadman.store import ClaimParams
 from tests.factories import connect, insert_job, with_store
-from tests.integration.test_api_support import api_client, error_fields, new_job
+from tests.helpers.api import api_client, error_fields, new_job
 
 STATES = ["waiting", "scheduled", "queued", "running", "retrying", "succeeded", "dead", "cancelled"]
 

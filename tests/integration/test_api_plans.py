@@ -12,7 +12,7 @@ from psycopg import sql
 
 from deadman.db.queries import QUERIES
 from tests.factories import connect
-from tests.integration.test_query_plans import seeded_database
+from tests.helpers.plans import seeded_database
 
 SEED = """
 ALTER TABLE deadman.jobs DROP CONSTRAINT jobs_type_valid, DROP CONSTRAINT jobs_queue_valid;

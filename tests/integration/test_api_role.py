@@ -10,7 +10,7 @@ from psycopg.conninfo import make_conninfo
 
 from deadman.db.migrate import available, migrate
 from tests.factories import insert_job
-from tests.integration.test_api_support import api_client, new_job
+from tests.helpers.api import api_client, new_job
 
 ROLE_OPTIONS = "-c role=deadman_api"
 

@@ -32,7 +32,7 @@ from schemathesis.openapi import from_url
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.factories import insert_job
-from tests.integration.test_api_support import make_app, serve
+from tests.helpers.api import make_app, serve
 
 EXAMPLES = 25
 LIMIT = 64 * 1024

@@ -24,8 +24,8 @@ from deadman.store import ClaimParams, UnknownDependency
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row, with_store
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client, assert_problem, error_fields
-from tests.integration.test_worker_inprocess import (
+from tests.helpers.api import api_client, assert_problem, error_fields
+from tests.helpers.worker import (
     SETTINGS,
     effects,
     registry,
@@ -33,7 +33,7 @@ from tests.integration.test_worker_inprocess import (
     state_of,
     wait_terminal,
 )
-from tests.integration.test_workflows import run as run_job
+from tests.helpers.workflows import run as run_job
 
 release_thread = threading.Event()
 seen_cancel = threading.Event()

@@ -16,7 +16,7 @@ import pytest
 
 from deadman.api.auth import SESSION_COOKIE
 from tests.factories import connect, insert_job
-from tests.integration.test_api_support import client, make_app, serve
+from tests.helpers.api import client, make_app, serve
 
 TOKEN = "dashboard-hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -26,14 +26,14 @@ from starlette.routing import Route
 from deadman.api import routes_jobs, routes_ops, routes_workflows, ui
 from deadman.api.telemetry import LATENCY, REQUESTS
 from tests.factories import connect, insert_job
-from tests.integration.test_api_support import (
+from tests.helpers.api import (
     assert_problem,
     client,
     make_app,
     new_job,
     serve,
 )
-from tests.integration.test_workflows import DIAMOND
+from tests.helpers.workflows import DIAMOND
 
 TOKEN = "hostile-test-token"
 #: RFC 9110's methods: the only method labels a metric may carry, besides "other".

@@ -16,7 +16,7 @@ from deadman.client import Client
 from deadman.model import Backoff
 from tests.factories import connect, insert_job, job_row
 from tests.helpers import wait_for
-from tests.integration.test_worker_inprocess import SETTINGS, running_worker
+from tests.helpers.worker import SETTINGS, running_worker
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from deadman.store import (
     PruneParams,
     RescueParams,
 )
-from tests.integration.test_api_support import client, make_app, serve
+from tests.helpers.api import client, make_app, serve
 
 T = TypeVar("T")
 QUEUES = ("a", "b")

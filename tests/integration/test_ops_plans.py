@@ -12,7 +12,7 @@ import pytest
 from deadman.db.queries import QUERIES
 from deadman.store import FINISHED_COUNT_CAP
 from tests.factories import connect
-from tests.integration.test_query_plans import (
+from tests.helpers.plans import (
     SEED,
     explain,
     indexes_used,

@@ -19,7 +19,7 @@ from deadman.store import AsyncStore, ClaimParams, Finish
 from deadman.worker.completer import Completer
 from tests.factories import connect, run_async
 from tests.helpers import wait_for
-from tests.integration.test_worker_inprocess import SETTINGS, running_worker
+from tests.helpers.worker import SETTINGS, running_worker
 
 
 class WatchedStore(AsyncStore):

@@ -29,7 +29,7 @@ from tests.factories import (
     with_store,
 )
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client
+from tests.helpers.api import api_client
 
 HOUR = 3600.0
 DAY = 24 * HOUR

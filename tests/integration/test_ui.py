@@ -9,7 +9,7 @@ import httpx
 
 from deadman.api.auth import SESSION_COOKIE, SESSION_TTL_S
 from tests.factories import connect, insert_job, job_row
-from tests.integration.test_api_support import client, make_app, serve
+from tests.helpers.api import client, make_app, serve
 
 TOKEN = "ui-test-token"
 

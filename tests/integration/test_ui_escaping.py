@@ -21,7 +21,7 @@ import httpx
 from psycopg.types.json import Jsonb
 
 from tests.factories import connect, insert_job
-from tests.integration.test_api_support import PROBLEM, client, make_app, serve
+from tests.helpers.api import PROBLEM, client, make_app, serve
 
 SCRIPT = "<script>alert(1)</script>"
 BREAKOUT = "\"'><img src=x onerror=alert(1)>"

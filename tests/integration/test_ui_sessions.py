@@ -27,7 +27,7 @@ from deadman.api.auth import (
     session_valid,
 )
 from tests.factories import connect, insert_job, job_row
-from tests.integration.test_api_support import client, make_app, serve
+from tests.helpers.api import client, make_app, serve
 
 TOKEN = "session-test-token"
 ROTATED = "session-test-token-rotated"

@@ -38,7 +38,7 @@ from deadman.worker.listener import Listener
 from deadman.worker.producer import EMPTY_CLAIM_GAP_S
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
 from tests.helpers import wait_for
-from tests.integration.test_worker_inprocess import SETTINGS, running_worker, wait_terminal
+from tests.helpers.worker import SETTINGS, running_worker, wait_terminal
 
 handlers = Registry()
 

@@ -16,15 +16,15 @@ from deadman.db.queries import QUERIES
 from deadman.model import JobState
 from tests.factories import connect, job_row, with_store
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client, assert_problem
-from tests.integration.test_workflows import (
+from tests.helpers.api import api_client, assert_problem
+from tests.helpers.workflows import (
     DIAMOND,
-    _blocked,
     claim,
     conn,
     create,
     finals,
     finish,
+    lock_waiters,
     nodes,
     run,
     workflow,
@@ -186,7 +186,7 @@ def test_a_retry_racing_a_sibling_completion_never_strands_the_reopened_job(
 
         t = threading.Thread(target=second)
         t.start()
-        wait_for(lambda: _blocked(conn), timeout=5, message="the second to wait on a lock")
+        wait_for(lambda: lock_waiters(conn), timeout=5, message="the second to wait on a lock")
         tx_one.commit()
         t.join(timeout=10)
         assert not t.is_alive()

@@ -15,9 +15,9 @@ from deadman.errors import DuplicateKey
 from deadman.model import JobState, WorkflowState
 from deadman.store import InvalidWorkflow
 from tests.factories import connect
-from tests.integration.test_api_support import api_client, assert_problem, post_together
-from tests.integration.test_worker_inprocess import SETTINGS
-from tests.integration.test_workflows import DIAMOND, nodes, run
+from tests.helpers.api import api_client, assert_problem, post_together
+from tests.helpers.worker import SETTINGS
+from tests.helpers.workflows import DIAMOND, nodes, run
 
 
 @pytest.fixture

@@ -21,100 +21,28 @@ from deadman.model import AttemptOutcome, JobState
 from deadman.store import Finish, SyncStore, UnknownDependency
 from tests.factories import attempt_rows, connect, job_row, with_store
 from tests.helpers import wait_for
-from tests.integration.test_api_support import api_client, assert_problem, error_fields
-from tests.integration.test_worker_inprocess import SETTINGS, running_worker
+from tests.helpers.api import api_client, assert_problem, error_fields
+from tests.helpers.worker import SETTINGS, running_worker
+from tests.helpers.workflows import (
+    DIAMOND,
+    claim,
+    conn,
+    create,
+    finals,
+    finish,
+    lock_waiters,
+    nodes,
+    run,
+    workflow,
+)
 
-DIAMOND: dict[str, Any] = {
-    "name": "diamond",
-    "nodes": [
-        {"name": "a", "type": "noop"},
-        {"name": "b", "type": "noop", "payload": {"n": 1}},
-        {"name": "c", "type": "noop", "queue": "other"},
-        {"name": "d", "type": "noop"},
-    ],
-    "edges": [
-        {"from": "a", "to": "b"},
-        {"from": "a", "to": "c"},
-        {"from": "b", "to": "d"},
-        {"from": "c", "to": "d"},
-    ],
-}
-
-
-@pytest.fixture
-def conn(db_dsn: str) -> Iterator[psycopg.Connection[DictRow]]:
-    with connect(db_dsn) as c:
-        c.execute(
-            """
-            CREATE TABLE public.wf_final (workflow_id bigint, state text);
-            CREATE FUNCTION public.log_final() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO public.wf_final VALUES (NEW.id, NEW.state);
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER log_final AFTER UPDATE ON deadman.workflows FOR EACH ROW
-                WHEN (OLD.state = 'running' AND NEW.state <> 'running')
-                EXECUTE FUNCTION public.log_final();
-            """
-        )
-        yield c
+__all__ = ["conn"]  # the fixture, used by name
 
 
 @pytest.fixture
 def client(db_dsn: str) -> Iterator[Client]:
     with Client(db_dsn, settings=SETTINGS) as c:
         yield c
-
-
-def finals(conn: psycopg.Connection[DictRow], workflow_id: int) -> list[str]:
-    rows = conn.execute(
-        "SELECT state FROM public.wf_final WHERE workflow_id = %s", (workflow_id,)
-    ).fetchall()
-    return [r["state"] for r in rows]
-
-
-def nodes(conn: psycopg.Connection[DictRow], workflow_id: int) -> dict[str, DictRow]:
-    rows = conn.execute(
-        "SELECT * FROM deadman.jobs WHERE workflow_id = %s ORDER BY id", (workflow_id,)
-    ).fetchall()
-    return {r["node"]: r for r in rows}
-
-
-def workflow(conn: psycopg.Connection[DictRow], workflow_id: int) -> DictRow:
-    row = conn.execute("SELECT * FROM deadman.workflows WHERE id = %s", (workflow_id,)).fetchone()
-    assert row is not None
-    return row
-
-
-def claim(conn: psycopg.Connection[Any], job_id: int) -> int:
-    """Put a due job into 'running' as a claim would; returns its fencing token."""
-    row = conn.execute(
-        "UPDATE deadman.jobs SET state = 'running', attempt = attempt + 1,"
-        " lease_token = nextval('deadman.lease_token_seq'), lease_worker = 'test',"
-        " lease_expires_at = now() + interval '30 seconds', started_at = now()"
-        " WHERE id = %s AND state IN ('queued', 'scheduled', 'retrying') RETURNING lease_token",
-        (job_id,),
-    ).fetchone()
-    assert row is not None, f"job {job_id} is not claimable"
-    return int(row["lease_token"] if isinstance(row, dict) else row[0])
-
-
-def finish(conn: psycopg.Connection[Any], job_id: int, token: int, state: JobState) -> None:
-    """End the attempt through the real completion query (job_finish_many)."""
-    outcome = AttemptOutcome.SUCCEEDED if state is JobState.SUCCEEDED else AttemptOutcome.FAILED
-    done = SyncStore().job_finish_in(conn, [Finish(job_id, token, state, outcome)])
-    assert done == {job_id}
-
-
-def run(conn: psycopg.Connection[Any], job_id: int, state: JobState = JobState.SUCCEEDED) -> None:
-    finish(conn, job_id, claim(conn, job_id), state)
-
-
-def create(dsn: str, body: dict[str, Any]) -> int:
-    with api_client(dsn) as c:
-        r = c.post("/workflows", json=body)
-        assert r.status_code == 201, r.text
-        return int(r.json()["id"])
 
 
 # ------------------------------------------------------------------------- creation
@@ -400,20 +328,12 @@ def test_a_depends_on_insert_racing_the_completion_is_never_stranded(
         t = threading.Thread(target=second)
         t.start()
         # the second one blocks on the dependency's row lock until the first commits
-        wait_for(lambda: _blocked(conn), timeout=5, message="the second to wait on the lock")
+        wait_for(lambda: lock_waiters(conn), timeout=5, message="the second to wait on the lock")
         (tx_finish if first == "completion" else tx_ins).commit()
         t.join(timeout=10)
         assert not t.is_alive()
     b = result["job"]
     assert job_row(conn, b.id)["state"] == "queued"
-
-
-def _blocked(conn: psycopg.Connection[DictRow]) -> bool:
-    row = conn.execute(
-        "SELECT count(*) AS n FROM pg_stat_activity"
-        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    ).fetchone()
-    return bool(row and row["n"] > 0)
 
 
 # ------------------------------------------------------------------------- finalisation
@@ -441,7 +361,7 @@ def test_two_finishers_of_the_last_two_nodes_finalise_exactly_once(
 
         th = threading.Thread(target=finish_second)
         th.start()
-        wait_for(lambda: _blocked(conn), timeout=5, message="the second finisher to wait")
+        wait_for(lambda: lock_waiters(conn), timeout=5, message="the second finisher to wait")
         assert workflow(conn, wf)["state"] == "running"
         t1.commit()
         th.join(timeout=10)

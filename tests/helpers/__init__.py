@@ -1,4 +1,7 @@
-"""Helpers shared by the test suites. Import as ``from tests.helpers import wait_for``."""
+"""Helpers shared by the test suites, by role: ``api`` (a served app and its clients),
+``worker`` (a Worker in a thread, its test handlers), ``workflows`` (graphs built by
+hand), ``plans`` (EXPLAIN on a seeded copy). ``wait_for`` lives here: the only way a
+test waits. Import as ``from tests.helpers import wait_for``."""
 
 from __future__ import annotations
 

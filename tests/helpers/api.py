@@ -1,4 +1,4 @@
-"""Helpers for the API tests (no tests here).
+"""The API as tests meet it: an app, served, its clients, and problem assertions.
 
 The app runs on a real uvicorn server in a thread, on a free 127.0.0.1 port, and the
 tests talk HTTP to it: real sockets, real header parsing, real concurrency. (Starlette's
