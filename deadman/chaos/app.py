@@ -29,14 +29,14 @@ import random
 from importlib import resources
 from typing import Any, LiteralString
 
-from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from deadman.db.pool import async_pool
 from deadman.db.queries import parse
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.model import Job
 from deadman.registry import Registry
-from deadman.store import AsyncConn, AsyncStore
+from deadman.store import AsyncStore
 from deadman.worker.context import JobContext
 
 UNSAFE_ENV = "DEADMAN_CHAOS_UNSAFE"
@@ -62,18 +62,14 @@ class _Evidence:
     async def store(self) -> AsyncStore:
         async with self._lock:
             if self._store is None:
-                dsn = os.environ.get("DEADMAN_DATABASE_URL", "")
-                pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-                    dsn,
-                    min_size=1,
-                    max_size=4,
-                    kwargs={"autocommit": True},
-                    open=False,
-                    timeout=10.0,
-                    # psycopg_pool gives up on a slot after this long; 0 would mean
-                    # at the first failed reconnect (see the report on store.py).
-                    reconnect_timeout=300.0,
+                # Made like every pool (autocommit, dict rows; nothing here reads a
+                # row). psycopg_pool gives up on a slot after reconnect_timeout; 0
+                # would mean at the first failed reconnect.
+                pool = async_pool(
+                    os.environ.get("DEADMAN_DATABASE_URL", ""),
                     name="deadman-chaos",
+                    max_size=4,
+                    reconnect_timeout=300.0,
                 )
                 await pool.open(wait=False)
                 self._store = AsyncStore(pool)
