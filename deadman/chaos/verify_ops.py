@@ -26,6 +26,9 @@ _ALL = parse(VERIFY_OPS_SQL)
 QUERIES: dict[str, LiteralString] = {k: v for k, v in _ALL.items() if k.startswith("ops_")}
 #: Rows: what a failing check found, for the report.
 EXAMPLES: dict[str, LiteralString] = {k: v for k, v in _ALL.items() if k.startswith("example_")}
+#: Views over chaos.acks that the queries above share (CREATE OR REPLACE: made anew
+#: at every load).
+VIEWS: dict[str, LiteralString] = {k: v for k, v in _ALL.items() if k.startswith("view_")}
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class Ack:
 
 
 def acks_load(dsn: str, acks: list[Ack]) -> None:
-    """Write the journal into chaos.acks (installed by operators_instrument)."""
+    """Write the journal into chaos.acks (installed by operators_instrument), and make
+    the verifier's views over it."""
     with (
         psycopg.connect(dsn) as conn,
         conn.cursor() as cur,
@@ -65,6 +69,8 @@ def acks_load(dsn: str, acks: list[Ack]) -> None:
         for ack in acks:
             copy.write_row(astuple(ack))
     with psycopg.connect(dsn, autocommit=True) as conn:
+        for view in VIEWS.values():
+            conn.execute(view)
         conn.execute(OPS["operators_analyze"])
 
 

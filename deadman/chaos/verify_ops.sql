@@ -3,7 +3,8 @@
 -- chaos.pruned_* (every row retention deleted, as it was when deleted), both in the
 -- scenario's own database (deadman chaos --keep leaves it for psql). Parameters: the
 -- job key prefix and how many jobs were acknowledged, the same for workflows, e.g.
--- 'chaos-ops-1-', 10000, 'chaos-ops-1-wf-', 250.
+-- 'chaos-ops-1-', 10000, 'chaos-ops-1-wf-', 250. The view_* statements make views
+-- over chaos.acks when the journal is loaded; the queries read them like tables.
 -- Times are the database clock: an ack's db_lo and db_hi were read just before the
 -- request and just after its answer, so db_lo <= the action's commit <= db_hi.
 -- A claim's started_at (the claim transaction's now()) comes before its snapshot,
@@ -135,33 +136,45 @@ SELECT count(*) AS cancelled_last,
 FROM last l LEFT JOIN every e ON e.id = l.job_id
 WHERE l.kind = 'cancel';
 
--- name: ops_paused
--- No attempt of a queue was claimed while the queue was paused: started after the
--- pause's db_hi, with a token no larger than the next resume's token_lo (a resume
--- that got no answer ends the window too).
+-- name: view_pause_windows
+-- Views over the journal, made when it is loaded (acks_load): the pause windows, and
+-- every attempt claimed inside one; ops_paused counts them, the example lists them.
+-- A window: an acknowledged pause from its db_hi until the token_lo of the queue's
+-- next resume (a resume that got no answer ends the window too). Claimed inside it:
+-- started after the pause's db_hi, with a token no larger than that token_lo.
+CREATE OR REPLACE VIEW chaos.pauses AS
+SELECT p.seq, p.queue, p.db_hi,
+       (SELECT min(r.token_lo) FROM chaos.acks r
+        WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_token
+FROM chaos.acks p
+WHERE p.kind = 'pause' AND p.acked AND p.db_hi IS NOT NULL;
+CREATE OR REPLACE VIEW chaos.attempts_while_paused AS
 WITH pauses AS MATERIALIZED (
-    SELECT p.queue, p.db_hi,
-           (SELECT min(r.token_lo) FROM chaos.acks r
-            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_token
-    FROM chaos.acks p
-    WHERE p.kind = 'pause' AND p.acked AND p.db_hi IS NOT NULL
+    SELECT seq, queue, db_hi, resume_token FROM chaos.pauses
 ), every AS (
     SELECT id, queue FROM deadman.jobs
     UNION ALL
     SELECT id, queue FROM chaos.pruned_jobs
 ), attempts AS MATERIALIZED (
-    SELECT a.lease_token, a.started_at, e.queue
-    FROM (SELECT job_id, lease_token, started_at FROM deadman.attempts
+    SELECT a.job_id, a.lease_token, a.started_at, a.outcome, a.worker, e.queue
+    FROM (SELECT job_id, lease_token, started_at, outcome, worker FROM deadman.attempts
           UNION ALL
-          SELECT job_id, lease_token, started_at FROM chaos.pruned_attempts) AS a
+          SELECT job_id, lease_token, started_at, outcome, worker
+          FROM chaos.pruned_attempts) AS a
     JOIN every e ON e.id = a.job_id
 )
-SELECT (SELECT count(*) FROM pauses) AS pauses,
-       (SELECT count(*) FROM pauses WHERE resume_token IS NULL) AS never_resumed,
-       count(DISTINCT a.lease_token) AS attempts_while_paused
+SELECT p.seq, p.queue, p.db_hi AS paused_hi, p.resume_token, a.job_id, a.lease_token,
+       a.started_at, a.outcome, a.worker
 FROM pauses p
 JOIN attempts a ON a.queue = p.queue AND a.started_at > p.db_hi
                AND (p.resume_token IS NULL OR a.lease_token <= p.resume_token);
+
+-- name: ops_paused
+-- No attempt of a queue was claimed while the queue was paused (view_pause_windows).
+SELECT (SELECT count(*) FROM chaos.pauses) AS pauses,
+       (SELECT count(*) FROM chaos.pauses WHERE resume_token IS NULL) AS never_resumed,
+       (SELECT count(DISTINCT lease_token) FROM chaos.attempts_while_paused)
+           AS attempts_while_paused;
 
 -- name: ops_final
 -- Every job ends in a final state; every workflow finishes once all its nodes are
@@ -258,28 +271,6 @@ ORDER BY c.seq, a.lease_token
 LIMIT 10;
 
 -- name: example_attempts_while_paused
-WITH pauses AS MATERIALIZED (
-    SELECT p.seq, p.queue, p.db_hi,
-           (SELECT min(r.token_lo) FROM chaos.acks r
-            WHERE r.kind = 'resume' AND r.queue = p.queue AND r.seq > p.seq) AS resume_token
-    FROM chaos.acks p
-    WHERE p.kind = 'pause' AND p.acked AND p.db_hi IS NOT NULL
-), every AS (
-    SELECT id, queue FROM deadman.jobs
-    UNION ALL
-    SELECT id, queue FROM chaos.pruned_jobs
-), attempts AS MATERIALIZED (
-    SELECT a.job_id, a.lease_token, a.started_at, a.outcome, a.worker, e.queue
-    FROM (SELECT job_id, lease_token, started_at, outcome, worker FROM deadman.attempts
-          UNION ALL
-          SELECT job_id, lease_token, started_at, outcome, worker
-          FROM chaos.pruned_attempts) AS a
-    JOIN every e ON e.id = a.job_id
-)
-SELECT p.seq, p.queue, p.db_hi AS paused_hi, p.resume_token, a.job_id, a.lease_token,
-       a.started_at, a.outcome, a.worker
-FROM pauses p
-JOIN attempts a ON a.queue = p.queue AND a.started_at > p.db_hi
-               AND (p.resume_token IS NULL OR a.lease_token <= p.resume_token)
-ORDER BY p.seq
+SELECT * FROM chaos.attempts_while_paused
+ORDER BY seq
 LIMIT 10;
