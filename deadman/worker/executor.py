@@ -20,11 +20,8 @@ attempts on our connectivity. The lease lapses and the rescuer hands the job on.
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
 import logging
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,86 +33,31 @@ from deadman import logs, metrics
 from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
-from deadman.storable import MAX_DEPTH, check_storable
 from deadman.store import AsyncConn, Finish, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.context import JobContext
 from deadman.worker.inflight import Abort, Held, Inflight
+from deadman.worker.joblog import JobLog
+from deadman.worker.outcome import (
+    checked_result,
+    close_awaitable,
+    describe,
+    failure,
+    safe_repr,
+    safe_str,
+)
+from deadman.worker.slots import Slots
 from deadman.worker.worker_store import WorkerStore
 
-log = logs.get("deadman.executor")
+__all__ = ["Executor", "HandlerExited", "Slots"]
 
-MAX_ERROR_CHARS = 8000
+log = logs.get("deadman.executor")
 
 
 class HandlerExited(Exception):
     """A handler raised a BaseException that is not a cancellation (SystemExit,
     KeyboardInterrupt, GeneratorExit...): its attempt fails like any other; the
     original is chained as the cause, so the recorded traceback shows it."""
-
-
-def safe_repr(value: object) -> str:
-    """repr() for log lines and error texts; never raises (a handler's exception may
-    define a __repr__ that does)."""
-    try:
-        return repr(value)
-    except Exception:
-        return f"<{type(value).__name__} object, repr() failed>"
-
-
-class JobLog:
-    """``log.bind(**fields)``, done on first use: at thousands of jobs/s most jobs log
-    nothing at the default level, and binding every one cost more than running it."""
-
-    __slots__ = ("_bound", "_debug", "_fields")
-
-    def __init__(self, debug: bool, **fields: Any) -> None:
-        self._debug = debug  # the executor asks once whether debug lines are wanted
-        self._fields = fields
-        self._bound: Any = None
-
-    def _logger(self) -> Any:
-        if self._bound is None:
-            self._bound = log.bind(**self._fields)
-        return self._bound
-
-    def debug(self, event: str, **kw: Any) -> None:
-        if self._debug:
-            self._logger().debug(event, **kw)
-
-    def info(self, event: str, **kw: Any) -> None:
-        self._logger().info(event, **kw)
-
-    def warning(self, event: str, **kw: Any) -> None:
-        self._logger().warning(event, **kw)
-
-    def error(self, event: str, **kw: Any) -> None:
-        self._logger().error(event, **kw)
-
-
-class Slots:
-    """How many handlers may run at once; the producer never claims more than free()."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.used = 0
-        self._freed = asyncio.Event()
-
-    def free(self) -> int:
-        return self.size - self.used
-
-    def take(self) -> None:
-        self.used += 1
-
-    def give(self) -> None:
-        self.used -= 1
-        self._freed.set()
-
-    async def wait_freed(self) -> None:
-        self._freed.clear()
-        if self.free() > 0:
-            return
-        await self._freed.wait()
 
 
 class Executor:
@@ -235,9 +177,7 @@ class Executor:
             if isinstance(exc, LeaseLost):
                 metrics.STALE_WRITES_REFUSED.labels("transaction").inc()
                 bound.warning("stale_write_refused", action="transaction", late=True)
-                task = asyncio.create_task(self._record_refusal(held.ctx, "transaction"))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                self._evidence(held.ctx, "transaction")
             else:
                 error = None if exc is None else safe_repr(exc)
                 bound.info("abandoned_handler_returned", error=error)
@@ -277,15 +217,7 @@ class Executor:
 
     async def _run(self, held: Held, spec: HandlerSpec | None) -> None:
         job, ctx = held.job, held.ctx
-        bound = JobLog(
-            self._debug,
-            job_id=job.id,
-            type=job.type,
-            queue=job.queue,
-            attempt=job.attempt,
-            lease_token=ctx.lease_token,
-            worker=self._worker_id,
-        )
+        bound = JobLog(self._debug, job, ctx.lease_token, self._worker_id)
         metrics.START_LATENCY.observe(max(0.0, (datetime.now(UTC) - job.run_at).total_seconds()))
         started = time.monotonic()
         finish: Finish | None = None
@@ -307,19 +239,22 @@ class Executor:
                 written = await self._completer.submit(finish, job.queue, size)
             except Exception as exc:
                 # Not writable (not transient). A success whose result slipped past
-                # _checked_result is failed instead; anything else is left to lapse,
+                # checked_result is failed instead; anything else is left to lapse,
                 # and the rescuer hands the job on, up to max_rescues.
-                why = _safe_str(exc)[:500]  # an encoding error quotes the whole row
+                why = safe_str(exc)[:500]  # an encoding error quotes the whole row
                 bound.error("job_outcome_not_written", error=why)
                 if finish.state is not JobState.SUCCEEDED:
                     return
-                finish = self._failure(
-                    job, ctx, f"handler result cannot be stored: {why}", AttemptOutcome.FAILED
+                finish = failure(
+                    job,
+                    ctx.lease_token,
+                    f"handler result cannot be stored: {why}",
+                    AttemptOutcome.FAILED,
                 )
                 try:
                     written = await self._completer.submit(finish, job.queue)
                 except Exception as again:
-                    bound.error("job_outcome_not_written", error=_safe_str(again)[:500])
+                    bound.error("job_outcome_not_written", error=safe_str(again)[:500])
                     return
             if written:
                 # debug: at thousands of jobs/s an info line per job is a fifth of the
@@ -361,8 +296,11 @@ class Executor:
             ctx.request_cancel()
             self._abandon_thread(held, bound)
             bound.warning("job_timed_out", timeout_ms=job.timeout_ms)
-            return self._failure(
-                job, ctx, f"timed out after {job.timeout_ms} ms", AttemptOutcome.TIMED_OUT
+            return failure(
+                job,
+                ctx.lease_token,
+                f"timed out after {job.timeout_ms} ms",
+                AttemptOutcome.TIMED_OUT,
             )
         except asyncio.CancelledError:
             reason = held.abort
@@ -373,9 +311,9 @@ class Executor:
                 bound.warning("job_abandoned_lease_lost")
                 return None
             if reason is Abort.HUNG:
-                return self._failure(
+                return failure(
                     job,
-                    ctx,
+                    ctx.lease_token,
                     f"no heartbeat for {job.heartbeat_timeout_ms} ms: treated as hung",
                     AttemptOutcome.TIMED_OUT,
                 )
@@ -405,7 +343,7 @@ class Executor:
                 self._abandoned(held, bound)
                 return None
             # Even when we suspect the lease is gone, report: the fence decides.
-            return self._failure(job, ctx, _describe(exc), AttemptOutcome.FAILED)
+            return failure(job, ctx.lease_token, describe(exc), AttemptOutcome.FAILED)
         if ctx.completed_in_transaction:
             metrics.JOBS_FINISHED.labels(job.queue, "succeeded").inc()
             bound.debug("job_finished", state="succeeded", outcome="succeeded", in_tx=True)
@@ -415,9 +353,9 @@ class Executor:
             # that swallowed its cancellation): what it returns is not a success.
             self._abandoned(held, bound, result)
             return None
-        stored, held.result_bytes, problem = self._checked_result(result)
+        stored, held.result_bytes, problem = checked_result(result, self._max_result_bytes)
         if problem is not None:
-            return self._failure(job, ctx, problem, AttemptOutcome.FAILED)
+            return failure(job, ctx.lease_token, problem, AttemptOutcome.FAILED)
         return Finish(
             job.id, ctx.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=stored
         )
@@ -425,72 +363,11 @@ class Executor:
     def _abandoned(self, held: Held, bound: Any, result: Any = None) -> None:
         """The handler ended after we gave its lease up: write nothing (see the module
         docstring); the lease lapses and the rescuer hands the job on."""
-        _close_awaitable(result)
+        close_awaitable(result)
         bound.warning("job_abandoned_lease_lost", handler_returned=True)
 
-    def _checked_result(self, result: Any) -> tuple[Any, int, str | None]:
-        """(the result as it will be stored, its bytes of JSON, None), or (None, 0, why
-        it cannot be stored).
-
-        The result is encoded and decoded once here, so the completer's batch only
-        ever holds plain JSON values: nothing a handler returns (a tuple hiding a
-        lone surrogate, an object it keeps mutating in another thread) can reach
-        the batch statement and sink the other outcomes in it. Held to the limits
-        of a payload: DEADMAN_MAX_PAYLOAD_BYTES and MAX_DEPTH levels of nesting.
-        """
-        if result is None:
-            return None, 0, None
-        if inspect.isawaitable(result):
-            kind = type(result).__name__
-            _close_awaitable(result)
-            return (
-                None,
-                0,
-                (
-                    f"handler result is not JSON: the handler returned a {kind} (a coroutine"
-                    " or other awaitable) instead of a result; register an `async def`"
-                    " function, or await it inside the handler"
-                ),
-            )
-        try:
-            encoded = json.dumps(result, ensure_ascii=False)
-        except RecursionError:
-            return (
-                None,
-                0,
-                f"handler result cannot be stored: nested deeper than {MAX_DEPTH} levels",
-            )
-        except Exception as exc:
-            return None, 0, f"handler result is not JSON: {_safe_str(exc)}"
-        size = len(encoded.encode("utf-8", "surrogatepass"))
-        if size > self._max_result_bytes:
-            return (
-                None,
-                0,
-                (
-                    f"handler result cannot be stored: {size} bytes of JSON, over the limit of"
-                    f" {self._max_result_bytes} bytes (DEADMAN_MAX_PAYLOAD_BYTES)"
-                ),
-            )
-        try:
-            stored = json.loads(encoded)  # NaN comes back as NaN: check_storable names it
-        except Exception as exc:
-            return None, 0, f"handler result is not JSON: {_safe_str(exc)}"
-        problems = check_storable(stored)
-        if problems:
-            text = "; ".join(f"{_result_path(p['field'])}: {p['message']}" for p in problems)
-            return None, 0, f"handler result cannot be stored: {text}"
-        return stored, size, None
-
-    def _failure(self, job: Job, ctx: JobContext, error: str, outcome: AttemptOutcome) -> Finish:
-        if job.attempt >= job.max_attempts:
-            return Finish(job.id, ctx.lease_token, JobState.DEAD, outcome, error=error)
-        delay = job.backoff.delay_ms(job.attempt)
-        return Finish(
-            job.id, ctx.lease_token, JobState.RETRYING, outcome, delay_ms=delay, error=error
-        )
-
     def _evidence(self, ctx: JobContext, action: str) -> None:
+        """Record a refused or given-up write, in a task of its own (best effort)."""
         task = asyncio.create_task(self._record_refusal(ctx, action))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -514,30 +391,3 @@ async def _guarded(aw: Any) -> Any:
         raise
     except BaseException as exc:
         raise HandlerExited(f"the handler raised {type(exc).__name__}") from exc
-
-
-def _close_awaitable(value: Any) -> None:
-    """Close a coroutine nobody will await (no 'never awaited' warning later)."""
-    if inspect.iscoroutine(value):
-        value.close()
-
-
-def _result_path(field: str) -> str:
-    """check_storable's path (made for a request body) as a path into the result."""
-    if field == "body":
-        return "result"
-    return f"result{field}" if field.startswith("[") else f"result.{field}"
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"{type(exc).__name__} (str() failed)"
-
-
-def _describe(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS // 2] + "\n...\n" + text[-MAX_ERROR_CHARS // 2 :]
-    return text
