@@ -23,36 +23,20 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Sequence
 
 from deadman import logs, metrics
-from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
 from deadman.store import HeartbeatParams
-from deadman.worker.executor import Executor
-from deadman.worker.inflight import Abort, Inflight
-from deadman.worker.worker_store import WorkerStore
+from deadman.worker.inflight import Abort
+from deadman.worker.joblog import job_fields
+from deadman.worker.parts import WorkerLoop, WorkerParts
 
 log = logs.get("deadman.heartbeat")
 
 
-class Heartbeat:
-    def __init__(
-        self,
-        *,
-        store: WorkerStore,
-        settings: Settings,
-        inflight: Inflight,
-        executor: Executor,
-        worker_id: str,
-        queues: Sequence[str],
-    ) -> None:
-        self._store = store
-        self._settings = settings
-        self._inflight = inflight
-        self._executor = executor
-        self._worker_id = worker_id
-        self._queues = list(queues)
+class Heartbeat(WorkerLoop):
+    def __init__(self, parts: WorkerParts) -> None:
+        super().__init__(parts)
         self._stop = asyncio.Event()
         self.beats = 0
 
@@ -113,28 +97,12 @@ class Heartbeat:
             if h.job.id in renewed:
                 h.ctx.renew_trust(trusted_until)
                 if renewed[h.job.id] and not h.ctx.cancel_requested:
-                    log.info(
-                        "job_cancel_requested",
-                        job_id=h.job.id,
-                        type=h.job.type,
-                        queue=h.job.queue,
-                        attempt=h.job.attempt,
-                        lease_token=h.token,
-                        worker=self._worker_id,
-                    )
+                    log.info("job_cancel_requested", **job_fields(h.job, h.token, self._worker_id))
                     self._executor.abort(h.job.id, Abort.CANCEL)
             elif not (h.finishing or h.ctx.finishing) and self._inflight.get(h.job.id) is h:
                 lost.append((h.job.id, h.token))
                 metrics.LEASES_LOST.inc()
-                log.warning(
-                    "lease_lost",
-                    job_id=h.job.id,
-                    lease_token=h.token,
-                    worker=self._worker_id,
-                    type=h.job.type,
-                    queue=h.job.queue,
-                    attempt=h.job.attempt,
-                )
+                log.warning("lease_lost", **job_fields(h.job, h.token, self._worker_id))
                 self._executor.abort(h.job.id, Abort.LEASE_LOST)
         if lost:
             metrics.STALE_WRITES_REFUSED.labels("heartbeat").inc(len(lost))
@@ -154,13 +122,5 @@ class Heartbeat:
                 and h.ctx.trust_expired(now)
             ):
                 metrics.LEASES_LOST.inc()
-                log.warning(
-                    "lease_untrusted",
-                    job_id=h.job.id,
-                    type=h.job.type,
-                    queue=h.job.queue,
-                    attempt=h.job.attempt,
-                    lease_token=h.token,
-                    worker=self._worker_id,
-                )
+                log.warning("lease_untrusted", **job_fields(h.job, h.token, self._worker_id))
                 self._executor.abort(h.job.id, Abort.LEASE_LOST)

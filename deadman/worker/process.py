@@ -52,11 +52,13 @@ from deadman.maintenance import services as maintenance_services
 from deadman.registry import Registry
 from deadman.store import AsyncStore, SyncStore
 from deadman.worker.completer import Completer
-from deadman.worker.executor import Executor, Slots
+from deadman.worker.executor import Executor
 from deadman.worker.heartbeat import Heartbeat
 from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
+from deadman.worker.parts import WorkerParts
 from deadman.worker.producer import Producer
+from deadman.worker.slots import Slots
 from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.worker")
@@ -180,26 +182,19 @@ class Worker:
             threads=threads,
             max_result_bytes=s.max_payload_bytes,
         )
-        producer = Producer(
+        parts = WorkerParts(
             store=store,
             settings=s,
-            executor=executor,
-            slots=slots,
             inflight=inflight,
+            executor=executor,
             worker_id=self.worker_id,
             queues=self.queues,
         )
+        producer = Producer(parts, slots)
         self.producer = producer  # for tests and a debugger: claims made so far
         # A retry or release makes a job due later; the idle producer must look again.
         completer.on_requeue = producer.wake
-        heartbeat = Heartbeat(
-            store=store,
-            settings=s,
-            inflight=inflight,
-            executor=executor,
-            worker_id=self.worker_id,
-            queues=self.queues,
-        )
+        heartbeat = Heartbeat(parts)
         listener = Listener(
             self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
         )

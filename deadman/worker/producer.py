@@ -24,15 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
 
 from deadman import logs, metrics
-from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
 from deadman.store import ClaimParams, quarantine_at
-from deadman.worker.executor import Executor, Slots
-from deadman.worker.inflight import Inflight
-from deadman.worker.worker_store import WorkerStore
+from deadman.worker.parts import WorkerLoop, WorkerParts
+from deadman.worker.slots import Slots
 
 log = logs.get("deadman.producer")
 
@@ -47,31 +44,17 @@ QUARANTINE_CHECK_S = 5.0
 EMPTY_CLAIM_GAP_S = 0.01
 
 
-class Producer:
-    def __init__(
-        self,
-        *,
-        store: WorkerStore,
-        settings: Settings,
-        executor: Executor,
-        slots: Slots,
-        inflight: Inflight,
-        worker_id: str,
-        queues: Sequence[str],
-    ) -> None:
-        self._inflight = inflight
+class Producer(WorkerLoop):
+    def __init__(self, parts: WorkerParts, slots: Slots) -> None:
+        super().__init__(parts)
+        settings = parts.settings
+        self._slots = slots
         self._quarantine_at = quarantine_at(settings.max_rescues)
         self._isolating: int | None = None  # id of the quarantined job we run alone
         # The last quarantine check saw a suspect waiting: while we hold jobs we drain
         # (claim nothing), and once we hold none we claim the suspect alone.
         self._suspects = False
         self._next_quarantine_check = 0.0
-        self._store = store
-        self._settings = settings
-        self._executor = executor
-        self._slots = slots
-        self._worker_id = worker_id
-        self._queues = list(queues)
         # Claiming all free slots at once makes a worker's jobs move in lockstep:
         # claimed together, written together, claimed again together, and the claim
         # never overlaps the write. Half the slots per claim keeps two cohorts out of
