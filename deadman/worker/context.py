@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -132,10 +132,10 @@ class JobContext:
 
     def _success(self) -> Finish:
         return Finish(
-            id=self.job_id,
-            token=self.lease_token,
-            state=JobState.SUCCEEDED,
-            outcome=AttemptOutcome.SUCCEEDED,
+            self.job_id,
+            self.lease_token,
+            JobState.SUCCEEDED,
+            AttemptOutcome.SUCCEEDED,
             result=self.result,
         )
 
@@ -143,6 +143,24 @@ class JobContext:
         if self._tx_used:
             raise DeadmanError("ctx.transaction() can be used once per attempt")
         self._tx_used = True
+
+    @contextmanager
+    def _finishing(self) -> Iterator[None]:
+        """Around the fenced completion: ``finishing`` is True while it commits (the
+        worker then leaves the lease alone), and False again if it raised."""
+        self.finishing = True
+        try:
+            yield
+        except BaseException:
+            self.finishing = False
+            raise
+
+    def _fence(self, done: Collection[int]) -> None:
+        """The completion was refused (the lease is gone): LeaseLost, and the whole
+        transaction rolls back."""
+        if self.job_id not in done:
+            self.mark_lease_lost()
+            raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
 
     def transaction(self) -> FencedTransaction:
         """A database transaction whose commit also completes the job, fenced.
@@ -168,15 +186,9 @@ class JobContext:
         self._claim_tx()
         async with _async_conn(self._pool) as conn, conn.transaction():
             yield conn
-            self.finishing = True
-            try:
+            with self._finishing():
                 done = await self._store.job_finish_in(conn, [self._success()])
-            except BaseException:
-                self.finishing = False
-                raise
-            if self.job_id not in done:
-                self.mark_lease_lost()
-                raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
+            self._fence(done)
         self.completed_in_transaction = True
 
     @contextmanager
@@ -184,15 +196,9 @@ class JobContext:
         self._claim_tx()
         with _sync_conn(self._sync_pool()) as conn, conn.transaction():
             yield conn
-            self.finishing = True
-            try:
+            with self._finishing():
                 done = self._sync_store.job_finish_in(conn, [self._success()])
-            except BaseException:
-                self.finishing = False
-                raise
-            if self.job_id not in done:
-                self.mark_lease_lost()
-                raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
+            self._fence(done)
         self.completed_in_transaction = True
 
 
