@@ -16,35 +16,40 @@ Files this module keeps in the data directory, next to Postgres's own:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import math
 import os
-import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
+from deadman.devdb_cluster import Cluster
+from deadman.devdb_os import (
+    as_postgres,
+    free_port,
+    locked,
+    make_dirs,
+    port_is_free,
+    reachable,
+    run,
+    write_owned,
+)
+
 __all__ = ["Cluster", "ensure_running", "find_pg_bindir", "stop", "throwaway"]
+
+# What tests reach for under their old names: a tool run, a file written, as the
+# user the server runs as.
+_run = run
+_write_owned = write_owned
 
 # Debian/Ubuntu install each major version side by side here; module-level so tests
 # can point it elsewhere.
 _DEBIAN_ROOT = Path("/usr/lib/postgresql")
 _SERVER_BINARIES = ("initdb", "pg_ctl", "postgres")
-_PG_USER = "postgres"
-_CONF_NAME = "deadman.conf"
-_PORT_NAME = "deadman-port"
-_LOG_NAME = "deadman.log"
 _DEMO_DBNAME = "deadman"
-_STOP_MODES = frozenset({"smart", "fast", "immediate"})
 
 
 def find_pg_bindir() -> Path:
@@ -118,226 +123,6 @@ def find_pg_bindir() -> Path:
     )
 
 
-class Cluster:
-    """One Postgres cluster (one data directory, one postmaster) that we control.
-
-    ``port=None`` means: the port recorded in the data directory if there is one,
-    otherwise a free port picked now. A port that differs from the recorded one is
-    written to the configuration on the next :meth:`start`.
-    """
-
-    def __init__(self, datadir: Path, port: int | None = None) -> None:
-        # pg_ctl runs with cwd="/" (the postgres user may not be able to enter ours).
-        self._datadir = Path(datadir).absolute()
-        recorded = _read_port(self._datadir)
-        self._port = port if port is not None else (recorded or _free_port())
-        self._bindir: Path | None = None
-        # Set by throwaway(): the temp dir destroy() removes, wider than the datadir.
-        self._owned_root: Path | None = None
-
-    def __repr__(self) -> str:
-        return f"Cluster(datadir={str(self._datadir)!r}, port={self._port})"
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def datadir(self) -> Path:
-        return self._datadir
-
-    def dsn(self, dbname: str = "postgres") -> str:
-        return f"postgresql://{_PG_USER}@127.0.0.1:{self._port}/{dbname}"
-
-    def init(self, fast: bool = False) -> None:
-        """Create the cluster with ``initdb`` and write our settings.
-
-        ``fast=True`` is for tests only: it turns off ``fsync`` and
-        ``full_page_writes``, so an OS crash can corrupt the cluster. It leaves
-        ``synchronous_commit`` alone so commit semantics match production. Without it
-        the cluster is as durable as a stock one: durability is what we demonstrate.
-
-        Raises RuntimeError if the directory is not empty or initdb fails.
-        """
-        if self._datadir.exists() and any(self._datadir.iterdir()):
-            raise RuntimeError(f"{self._datadir} is not empty; refusing to initdb over it")
-        _prepare_datadir(self._datadir)
-        args = [
-            str(self._bin("initdb")),
-            f"--pgdata={self._datadir}",
-            "--auth=trust",
-            f"--username={_PG_USER}",
-            "--encoding=UTF8",
-            # C collation: deterministic ordering and no dependence on installed locales.
-            "--no-locale",
-            "--no-instructions",
-        ]
-        if fast:
-            args.append("--no-sync")
-        result = _run(args)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"initdb failed for {self._datadir} (exit {result.returncode}):\n"
-                f"{result.stdout}{result.stderr}"
-            )
-        with (self._datadir / "postgresql.conf").open("a", encoding="utf-8") as conf:
-            conf.write(f"\ninclude '{_CONF_NAME}'\n")
-        self._write_settings(fast)
-
-    def start(self, timeout: float = 30) -> None:
-        """Start the postmaster and return once a client connection succeeds.
-
-        Raises RuntimeError, with the tail of the server log, if the server is already
-        running, does not start (port taken, bad config) or does not accept a
-        connection within ``timeout`` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        if self.is_running():
-            raise RuntimeError(f"{self!r} is already running")
-        if _read_port(self._datadir) != self._port:
-            self._write_port()
-        pid = _postmaster_pid(self._datadir)
-        if pid is not None and _is_zombie(pid):
-            # The postmaster would take the zombie for a live owner of the lock file and
-            # refuse to start. A zombie runs no code, so the file is safe to remove.
-            (self._datadir / "postmaster.pid").unlink(missing_ok=True)
-        result = _run(
-            [
-                str(self._bin("pg_ctl")),
-                "start",
-                "--pgdata",
-                str(self._datadir),
-                "--log",
-                str(self._datadir / _LOG_NAME),
-                "--wait",
-                "--timeout",
-                str(max(1, math.ceil(timeout))),
-                "--silent",
-            ]
-        )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"pg_ctl start failed for {self!r} (exit {result.returncode}): "
-                f"{(result.stdout + result.stderr).strip()}\n{self._log_tail()}"
-            )
-        self._wait_connectable(deadline)
-
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the server; a no-op if it is not running.
-
-        ``smart`` waits for clients to disconnect, ``fast`` disconnects them and shuts
-        down cleanly, ``immediate`` aborts without a checkpoint (crash recovery runs at
-        the next start, which is what crash tests want).
-        """
-        if mode not in _STOP_MODES:
-            raise ValueError(f"stop mode must be one of {sorted(_STOP_MODES)}, not {mode!r}")
-        if not self.is_running():
-            return
-        result = _run(
-            [
-                str(self._bin("pg_ctl")),
-                "stop",
-                "--pgdata",
-                str(self._datadir),
-                "--mode",
-                mode,
-                "--wait",
-                "--timeout",
-                "60",
-                "--silent",
-            ]
-        )
-        if result.returncode != 0 and self.is_running():
-            raise RuntimeError(
-                f"pg_ctl stop -m {mode} failed for {self!r} (exit {result.returncode}): "
-                f"{(result.stdout + result.stderr).strip()}\n{self._log_tail()}"
-            )
-
-    def restart(self, mode: str = "fast") -> None:
-        """Stop (with ``mode``) and start again on the same port."""
-        self.stop(mode)
-        self.start()
-
-    def is_running(self) -> bool:
-        # No pid file: certainly down, and we skip a subprocess. A stale pid file (after
-        # a reboot or kill -9) is judged by pg_ctl, which checks the process exists --
-        # but a killed postmaster that init has not reaped yet still "exists".
-        if not (self._datadir / "postmaster.pid").exists():
-            return False
-        pid = _postmaster_pid(self._datadir)
-        if pid is not None and _is_zombie(pid):
-            return False
-        result = _run([str(self._bin("pg_ctl")), "status", "--pgdata", str(self._datadir)])
-        return result.returncode == 0
-
-    def destroy(self) -> None:
-        """Stop the server (immediately: its data is about to go) and delete its files."""
-        if self._datadir.exists():
-            self.stop("immediate")
-        shutil.rmtree(self._owned_root or self._datadir, ignore_errors=True)
-
-    def _bin(self, name: str) -> Path:
-        if self._bindir is None:
-            self._bindir = find_pg_bindir()
-        return self._bindir / name
-
-    def _write_settings(self, fast: bool) -> None:
-        lines = [
-            "# Written by deadman.devdb; the port line is rewritten when the port changes.",
-            "listen_addresses = '127.0.0.1'",
-            f"port = {self._port}",
-            "unix_socket_directories = ''",
-            "max_connections = 200",
-            "shared_buffers = 128MB",
-        ]
-        if fast:
-            lines += [
-                "# Test cluster: an OS crash may corrupt it. synchronous_commit untouched.",
-                "fsync = off",
-                "full_page_writes = off",
-            ]
-        _write_owned(self._datadir / _CONF_NAME, "\n".join(lines) + "\n")
-        _write_owned(self._datadir / _PORT_NAME, f"{self._port}\n")
-
-    def _write_port(self) -> None:
-        conf = self._datadir / _CONF_NAME
-        text, count = re.subn(
-            r"^port = \d+$", f"port = {self._port}", conf.read_text(encoding="utf-8"), flags=re.M
-        )
-        if count != 1:
-            raise RuntimeError(f"{conf} has no 'port = N' line to rewrite")
-        _write_owned(conf, text)
-        _write_owned(self._datadir / _PORT_NAME, f"{self._port}\n")
-
-    def _wait_connectable(self, deadline: float) -> None:
-        # pg_ctl --wait already waited for "ready" in postmaster.pid; this catches the
-        # cases where that is not enough (e.g. the port is served by someone else).
-        last_error: Exception | None = None
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                with psycopg.connect(
-                    self.dsn(), connect_timeout=max(1, min(5, math.ceil(remaining)))
-                ) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError as exc:
-                last_error = exc
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"{self!r} started but refused connections: {last_error}\n{self._log_tail()}"
-                )
-            time.sleep(0.05)
-
-    def _log_tail(self, lines: int = 30) -> str:
-        log = self._datadir / _LOG_NAME
-        try:
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-        except OSError as exc:
-            return f"(server log {log} unreadable: {exc})"
-        return f"--- last {len(tail)} lines of {log} ---\n" + "\n".join(tail)
-
-
 def ensure_running(base: Path) -> str:
     """Make sure the cluster kept under ``base`` runs; return the DSN of its ``deadman`` db.
 
@@ -348,16 +133,16 @@ def ensure_running(base: Path) -> str:
     ``postmaster.pid`` after a reboot is handled by pg_ctl.
     """
     base = Path(base).absolute()
-    _make_dirs(base)
-    with _locked(base / "lock"):
+    make_dirs(base)
+    with locked(base / "lock"):
         datadir = _data_home(base)
         cluster = Cluster(datadir)
         if not (datadir / "PG_VERSION").exists():
             cluster.init()
             cluster.start()
         elif not cluster.is_running():
-            if not _port_is_free(cluster.port):
-                cluster = Cluster(datadir, port=_free_port())
+            if not port_is_free(cluster.port):
+                cluster = Cluster(datadir, port=free_port())
             cluster.start()
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             exists = conn.execute(
@@ -391,17 +176,12 @@ def _data_home(base: Path) -> Path:
         if link.resolve().exists():
             return link.resolve()
         link.unlink()
-    if not _as_postgres() or link.exists() or _reachable(base):
+    if not as_postgres() or link.exists() or reachable(base):
         return link
     home = Path(tempfile.mkdtemp(prefix="deadman-devdb-", dir="/tmp"))
     home.chmod(0o755)
     link.symlink_to(home / "data")
     return home / "data"
-
-
-def _reachable(path: Path) -> bool:
-    """Can the postgres user enter ``path`` (search permission on every ancestor)?"""
-    return _run(["test", "-x", str(path)]).returncode == 0
 
 
 def throwaway(prefix: str = "deadman-test-") -> Cluster:
@@ -433,133 +213,3 @@ def _version_key(name: str) -> tuple[int, ...] | None:
     if not re.fullmatch(r"\d+(\.\d+)*", name):
         return None
     return tuple(int(part) for part in name.split("."))
-
-
-def _as_postgres() -> bool:
-    return os.geteuid() == 0
-
-
-def _postgres_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(_PG_USER)
-    except KeyError:
-        raise RuntimeError(
-            f"running as root, but there is no {_PG_USER!r} OS user to run Postgres as "
-            "(Postgres refuses to run as root); create one or run as a normal user"
-        ) from None
-
-
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run a Postgres tool, as the postgres user when we are root.
-
-    PG* variables are dropped so the caller's PGDATA/PGPORT/PGHOST cannot redirect the
-    tools. start_new_session keeps the terminal's Ctrl-C from reaching the postmaster
-    pg_ctl leaves behind; stopping it is our job.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    if not _as_postgres():
-        return subprocess.run(
-            args, capture_output=True, text=True, env=env, cwd="/", start_new_session=True
-        )
-    user = _postgres_user()
-    env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
-    return subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-        start_new_session=True,
-        user=user.pw_uid,
-        group=user.pw_gid,
-        extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
-    )
-
-
-def _make_dirs(path: Path) -> None:
-    """mkdir -p, leaving every directory we create (as root) enterable by postgres."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    path.mkdir(parents=True, exist_ok=True)
-    if _as_postgres():
-        for created in missing:
-            created.chmod(0o755)
-
-
-def _prepare_datadir(datadir: Path) -> None:
-    _make_dirs(datadir.parent)
-    datadir.mkdir(mode=0o700, exist_ok=True)
-    if not _as_postgres():
-        return
-    user = _postgres_user()
-    os.chown(datadir, user.pw_uid, user.pw_gid)
-    # access(2) as the postgres user checks search permission on every ancestor.
-    if not _reachable(datadir):
-        raise RuntimeError(
-            f"the {_PG_USER!r} user cannot reach {datadir}: every parent directory must "
-            "be traversable by it (e.g. chmod o+x), and pytest's /tmp/pytest-of-root is "
-            "not; use a directory such as one made by tempfile.mkdtemp(dir='/tmp') + chmod 755"
-        )
-
-
-def _write_owned(path: Path, text: str) -> None:
-    """Write a file in the datadir, owned by the user the server runs as."""
-    path.write_text(text, encoding="utf-8")
-    if _as_postgres():
-        user = _postgres_user()
-        os.chown(path, user.pw_uid, user.pw_gid)
-
-
-def _read_port(datadir: Path) -> int | None:
-    try:
-        return int((datadir / _PORT_NAME).read_text(encoding="utf-8").strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _postmaster_pid(datadir: Path) -> int | None:
-    """The pid in postmaster.pid; None if the file is missing or (being written) unparsable."""
-    try:
-        return int((datadir / "postmaster.pid").read_text(encoding="utf-8").split("\n", 1)[0])
-    except (OSError, ValueError):
-        return None
-
-
-def _is_zombie(pid: int) -> bool:
-    """True if ``pid`` has exited but not been reaped (Linux /proc; False elsewhere)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except OSError:
-        return False
-    # Field 3, after the parenthesised command name (which may itself contain ')').
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _free_port() -> int:
-    """A port nothing listens on now. Another process could take it before Postgres
-    binds it; start() then fails loudly with the log tail rather than misbehaving."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _port_is_free(port: int) -> bool:
-    # SO_REUSEADDR as Postgres sets it: TIME_WAIT leftovers do not count as taken,
-    # a listener does.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
