@@ -119,10 +119,15 @@ class JobContext:
 
     @property
     def lease_lost(self) -> bool:
+        """True once the worker gave this attempt's lease up (lost, or no renewal
+        confirmed in time): stop. The job is handed on; ``ctx.transaction()`` is
+        refused once the lease has lapsed."""
         return self._lease_lost
 
     @property
     def cancel_requested(self) -> bool:
+        """True once the worker asked the handler to stop while it holds the lease: a
+        cancel, the job's timeout, a missed ``heartbeat_timeout_ms``, or shutdown."""
         return self._cancel_requested
 
     @property
