@@ -70,15 +70,7 @@ def migrate(dsn: str) -> list[int]:
         for mig in migrations:
             with conn.transaction():
                 conn.execute(QUERIES["migrations_lock"])
-                done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
-                unknown = sorted(done - known)
-                if unknown:
-                    raise SchemaMismatch(
-                        f"the database has migrations {unknown} that this version of "
-                        f"Deadman does not know (it knows up to {max(known, default=0)}); "
-                        "upgrade Deadman instead of running old code against a newer schema"
-                    )
-                if mig.version in done:
+                if mig.version in _applied(conn, known):
                     continue
                 conn.execute(mig.sql.encode())
                 conn.execute(
@@ -88,14 +80,22 @@ def migrate(dsn: str) -> list[int]:
         if not migrations:
             return applied_now
         with conn.transaction():
-            done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
-            unknown = sorted(done - known)
-            if unknown:
-                raise SchemaMismatch(
-                    f"the database has migrations {unknown} that this version of Deadman "
-                    f"does not know (it knows up to {max(known)})"
-                )
+            _applied(conn, known)  # a newer migrator may have run meanwhile
     return applied_now
+
+
+def _applied(conn: psycopg.Connection[TupleRow], known: set[int]) -> set[int]:
+    """The versions the database has applied; SchemaMismatch if one of them is not
+    known to this code (the database is newer than the code)."""
+    done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
+    unknown = sorted(done - known)
+    if unknown:
+        raise SchemaMismatch(
+            f"the database has migrations {unknown} that this version of "
+            f"Deadman does not know (it knows up to {max(known, default=0)}); "
+            "upgrade Deadman instead of running old code against a newer schema"
+        )
+    return done
 
 
 def _connect(dsn: str) -> psycopg.Connection[TupleRow]:
