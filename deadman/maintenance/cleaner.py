@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from deadman import logs, metrics
 from deadman.config import Settings
 from deadman.maintenance.leadership import Leadership
-from deadman.maintenance.service import Service
+from deadman.maintenance.service import MaintenanceService
 from deadman.store import AsyncStore, PruneParams
 from deadman.store.maintenance import CLEANER_KEY, MaintenanceTx
 
@@ -28,14 +28,15 @@ class CleanReport:
     workflows_pruned: int = 0
 
 
-class Cleaner(Service):
+class Cleaner(MaintenanceService):
     name = "cleaner"
+    key = CLEANER_KEY
+    every = CLEAN_EVERY
 
     def __init__(
         self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
     ) -> None:
-        super().__init__(settings.rescue_s * CLEAN_EVERY)
-        self.leadership = leadership or Leadership(store)
+        super().__init__(store, settings, leadership)
         self._prune = PruneParams(
             succeeded_ms=int(settings.retention_succeeded_s * 1000),
             failed_ms=int(settings.retention_failed_s * 1000),
@@ -60,7 +61,7 @@ class Cleaner(Service):
         report.workflows_pruned = workflows or 0
         if workflows:
             log.info("workflows_pruned", count=workflows)
-        async with self.leadership.lead(CLEANER_KEY) as tx:
+        async with self.leadership.lead(self.key) as tx:
             if tx is not None:
                 await tx.worker_prune_stale(self._stale_worker_ms)
         return report
@@ -70,7 +71,7 @@ class Cleaner(Service):
         short (or PRUNE_BATCHES_MAX); None if another process led the first batch."""
         total = 0
         for batch in range(PRUNE_BATCHES_MAX):
-            async with self.leadership.lead(CLEANER_KEY) as tx:
+            async with self.leadership.lead(self.key) as tx:
                 if tx is None:
                     return None if batch == 0 else total
                 n = await prune(tx)

@@ -3,15 +3,14 @@ whose worker vanished (the verdicts are the query job_rescue_expired's)."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass, field
 
 from deadman import logs, metrics
-from deadman.config import Settings
-from deadman.maintenance.leadership import Leadership
-from deadman.maintenance.service import Service
+from deadman.maintenance.service import MaintenanceService
 from deadman.model import JobState
-from deadman.store import AsyncStore, RescueParams
-from deadman.store.maintenance import RESCUER_KEY, Rescued
+from deadman.store import RescueParams
+from deadman.store.maintenance import RESCUER_KEY, MaintenanceTx, Rescued
 
 log = logs.get("deadman.rescuer")
 
@@ -46,25 +45,31 @@ def log_rescued(rescued: list[Rescued], report: RescueReport) -> None:
         )
 
 
-class Rescuer(Service):
-    name = "rescuer"
+class VerdictService(MaintenanceService):
+    """A service whose leader's tick gives jobs a verdict (the rescuer, the expirer):
+    each sorted into the report, counted and logged; producers woken for jobs that
+    are queued again."""
 
-    def __init__(
-        self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
-    ) -> None:
-        super().__init__(settings.rescue_s)
-        self._store = store
-        self._params = RescueParams(max_rescues=settings.max_rescues)
-        self.leadership = leadership or Leadership(store)
+    @abstractmethod
+    async def verdicts(self, tx: MaintenanceTx) -> list[Rescued]:
+        """This tick's statement, in the leader's transaction."""
 
     async def tick(self) -> RescueReport:
-        async with self.leadership.lead(RESCUER_KEY) as tx:
+        async with self.leadership.lead(self.key) as tx:
             if tx is None:
                 return RescueReport(leader=False)
-            rescued = await tx.job_rescue_expired(self._params)
+            rescued = await self.verdicts(tx)
         report = RescueReport(leader=True)
         log_rescued(rescued, report)
         if report.requeued:
             # after the commit: a woken producer must find the jobs queued
             await self._store.queue_notify([r.queue for r in rescued if r.state is JobState.QUEUED])
         return report
+
+
+class Rescuer(VerdictService):
+    name = "rescuer"
+    key = RESCUER_KEY
+
+    async def verdicts(self, tx: MaintenanceTx) -> list[Rescued]:
+        return await tx.job_rescue_expired(RescueParams(max_rescues=self._settings.max_rescues))

@@ -1,4 +1,5 @@
-"""The restartable service base: a loop that ticks every ``interval_s`` until stopped.
+"""The restartable service base: a loop that ticks every ``interval_s`` until stopped;
+and the base of the maintenance services, which tick as the leader.
 
 Start and stop are idempotent, and a stopped service can be started again (each
 start gets its own stop event, so a stop meant for the last run never ends the
@@ -17,7 +18,10 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from deadman import logs
+from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
+from deadman.maintenance.leadership import Leadership
+from deadman.store import AsyncStore
 
 log = logs.get("deadman.maintenance")
 
@@ -76,3 +80,21 @@ class Service(ABC):
                 log.error(f"{self.name}_error", error=repr(exc)[:500], retry_in_s=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+
+class MaintenanceService(Service):
+    """A maintenance service (rescuer, expirer, cleaner): ticks once per ``every``
+    rescuer intervals (``DEADMAN_RESCUE_S``), and acts only as the leader of ``key``,
+    through a Leadership it may share with the process's other services."""
+
+    #: its advisory key (store/maintenance.py): two processes' ticks never act at once
+    key: ClassVar[int]
+    every: ClassVar[int] = 1
+
+    def __init__(
+        self, store: AsyncStore, settings: Settings, leadership: Leadership | None = None
+    ) -> None:
+        super().__init__(settings.rescue_s * self.every)
+        self._store = store
+        self._settings = settings
+        self.leadership = leadership or Leadership(store)
