@@ -51,6 +51,18 @@ FAST_ENV: dict[str, str] = {
     "DEADMAN_LOG_LEVEL": "info",
 }
 
+#: For the tests of a guarantee (every job once, none lost, none run twice), whose
+#: leases must never lapse: trusted for 9.5 s after each renewal instead of TTL_S's
+#: 1.5 s. A stall of the loaded 2-core test machine (1.5 s is seen) would otherwise
+#: lose a lease, rescue a healthy job and fail the test for no bug of ours.
+STEADY_TTL_S = 10.0
+
+#: How late a loaded machine may make anything we wait for (a wake-up, a rescue, an
+#: exit). Bounds are measured on the database's clock where it is the authority and
+#: add this slack; the tests that tell a NOTIFY from a poll set the poll to 30 s, so
+#: a bound this loose still tells them apart.
+LATE_S = 5.0
+
 #: Python start-up plus imports plus the first heartbeat, on a loaded 2-core machine.
 START_TIMEOUT_S = 20.0
 

@@ -10,6 +10,7 @@ from psycopg.rows import dict_row
 from deadman.client import Client
 from deadman.db.queries import QUERIES
 from tests.acceptance.conftest import (
+    STEADY_TTL_S,
     SpawnWorker,
     attempts_of,
     states_of,
@@ -25,7 +26,9 @@ def test_a_cancel_racing_the_claim_is_never_lost(db_dsn: str, spawn_worker: Spaw
     (NOTIFY); the cancel is sent right after the insert, so it lands before, during
     or after the claim. Whatever the order, every job ends cancelled: never running
     on, never succeeded."""
-    workers = [spawn_worker(db_dsn, concurrency=8) for _ in range(2)]
+    workers = [
+        spawn_worker(db_dsn, concurrency=8, DEADMAN_LEASE_TTL_S=STEADY_TTL_S) for _ in range(2)
+    ]
     for w in workers:
         wait_registered(db_dsn, w.pid)
     ids: list[int] = []

@@ -15,8 +15,10 @@ import pytest
 from deadman.client import Client
 from deadman.model import Backoff
 from tests.acceptance.conftest import (
+    LATE_S,
     RESCUE_S,
     START_TIMEOUT_S,
+    STEADY_TTL_S,
     TTL_S,
     Proc,
     SpawnRescuer,
@@ -40,10 +42,14 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
-#: From the kill to the second worker's claim: the lease lapses at most TTL after
-#: the victim's last renewal, the rescuer looks every RESCUE_S, and the rescue's
-#: NOTIFY wakes the other worker at once. One second of slack for a loaded machine.
-TAKEOVER_BOUND_S = TTL_S + RESCUE_S + 1.0
+#: How long a test waits for a takeover: the lease lapses at most TTL_S after the
+#: victim's last renewal, the rescuer looks every RESCUE_S, and the rescue's NOTIFY
+#: wakes the other worker at once; LATE_S of slack for each of the last two. The
+#: bounds asserted are the same steps, each on the database's clock.
+TAKEOVER_DEADLINE_S = TTL_S + RESCUE_S + 2 * LATE_S
+#: How long the jobs of the kill test run.
+JOB_MS = 2000
+JOB_S = JOB_MS / 1000
 
 
 def holder(dsn: str, job_id: int, workers: dict[str, Proc]) -> tuple[str, Proc, int]:
@@ -65,7 +71,7 @@ def effects_of(dsn: str, job_id: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     ("job_type", "payload"),
-    [("sleep", {"ms": 2000}), ("side-effect", {"sleep_ms": 2000})],
+    [("sleep", {"ms": JOB_MS}), ("side-effect", {"sleep_ms": JOB_MS})],
     ids=["async-sleep", "sync-side-effect"],
 )
 def test_sigkill_mid_job_another_worker_finishes_it(
@@ -81,16 +87,13 @@ def test_sigkill_mid_job_another_worker_finishes_it(
     (survivor_id,) = set(workers) - {victim_id}
 
     victim.send(signal.SIGKILL)
-    killed = time.monotonic()
     killed_db = db_now(db_dsn)
     assert victim.wait_exit(5) == -signal.SIGKILL
     # Nobody renews the victim's lease any more: this is when it lapses.
     expiry = job_row(db_dsn, job.id)["lease_expires_at"]
 
-    survivor_token = wait_held(db_dsn, job.id, survivor_id, timeout=TAKEOVER_BOUND_S + 5)
-    takeover_s = time.monotonic() - killed
-    row = wait_state(db_dsn, job.id, "succeeded", timeout=10)
-    finished_s = time.monotonic() - killed
+    survivor_token = wait_held(db_dsn, job.id, survivor_id, timeout=TAKEOVER_DEADLINE_S)
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=JOB_S + 2 * LATE_S)
 
     lost, won = attempts_of(db_dsn, job.id)
     assert (lost["outcome"], lost["worker"], lost["lease_token"], lost["attempt"]) == (
@@ -105,22 +108,23 @@ def test_sigkill_mid_job_another_worker_finishes_it(
         survivor_token,
         1,
     )
-    # Both sides of the threshold: not rescued before the lease lapsed, taken over
-    # within TTL + rescue interval + 1 s of the kill (database clock for the claim).
-    assert lost["finished_at"] >= expiry
-    assert won["started_at"] >= lost["finished_at"]
-    takeover_db_s = (won["started_at"] - killed_db).total_seconds()
-    assert takeover_db_s < TAKEOVER_BOUND_S
-    assert takeover_s < TAKEOVER_BOUND_S + 0.5  # plus our own polling
+    # Both sides of the threshold, on the database's clock: not rescued before the
+    # lease lapsed, rescued within a rescue interval of it, and claimed soon after the
+    # rescue (the survivor polls every 30 s: only the rescue's NOTIFY wakes it so soon).
+    rescue_s = (lost["finished_at"] - expiry).total_seconds()
+    wake_s = (won["started_at"] - lost["finished_at"]).total_seconds()
+    assert 0 <= rescue_s < RESCUE_S + LATE_S, rescue_s
+    assert 0 <= wake_s < LATE_S, wake_s
     # ... and it then ran its full length once more on the survivor.
-    assert finished_s < TAKEOVER_BOUND_S + 2.0 + 1.0
+    ran_s = (won["finished_at"] - won["started_at"]).total_seconds()
+    assert JOB_S <= ran_s < JOB_S + LATE_S, ran_s
     assert (row["attempt"], row["rescues"]) == (1, 1)
     if job_type == "side-effect":
         assert [e["lease_token"] for e in effects_of(db_dsn, job.id)] == [survivor_token]
     print(
-        f"{job_type}: kill -> rescue {(lost['finished_at'] - killed_db).total_seconds():.2f}s, "
-        f"-> survivor claim {takeover_db_s:.2f}s (seen {takeover_s:.2f}s), "
-        f"-> succeeded {finished_s:.2f}s"
+        f"{job_type}: kill -> rescue {(lost['finished_at'] - killed_db).total_seconds():.2f}s"
+        f" (expiry -> rescue {rescue_s:.2f}s), rescue -> survivor claim {wake_s:.2f}s,"
+        f" ran {ran_s:.2f}s"
     )
 
 
@@ -138,7 +142,7 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     # Started after the freeze, so only a rescue can hand it the job.
     other = spawn_worker(db_dsn, name="other")
     other_id = wait_registered(db_dsn, other.pid)
-    row = wait_state(db_dsn, job.id, "succeeded", timeout=TAKEOVER_BOUND_S + 10)
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=TAKEOVER_DEADLINE_S + 10)
     print(f"zombie: job finished by the other worker {time.monotonic() - stopped:.2f}s after STOP")
     (effect,) = effects_of(db_dsn, job.id)
     lost, won = attempts_of(db_dsn, job.id)
@@ -198,7 +202,7 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
 
 def test_fixed_backoff_gaps_then_dead(db_dsn: str, spawn_worker: SpawnWorker) -> None:
     message = f"kaboom-{uuid.uuid4().hex[:8]}"
-    worker = spawn_worker(db_dsn)
+    worker = spawn_worker(db_dsn, DEADMAN_LEASE_TTL_S=STEADY_TTL_S)
     wait_registered(db_dsn, worker.pid)
     with Client(db_dsn) as client:
         job = client.enqueue(
@@ -222,7 +226,7 @@ def test_fixed_backoff_gaps_then_dead(db_dsn: str, spawn_worker: SpawnWorker) ->
         for a, b in itertools.pairwise(attempts)
     ]
     print(f"fixed 500 ms backoff: gaps {[f'{g:.3f}s' for g in gaps]}")
-    assert all(0.5 <= g < 0.5 + 1.5 for g in gaps), gaps
+    assert all(0.5 <= g < 0.5 + LATE_S for g in gaps), gaps
 
 
 def test_exponential_full_jitter_never_exceeds_ceiling(
@@ -230,7 +234,7 @@ def test_exponential_full_jitter_never_exceeds_ceiling(
 ) -> None:
     install_transition_log(db_dsn)
     backoff = Backoff(strategy="exponential", base_ms=200, max_ms=800, jitter="full")
-    worker = spawn_worker(db_dsn)
+    worker = spawn_worker(db_dsn, DEADMAN_LEASE_TTL_S=STEADY_TTL_S)
     wait_registered(db_dsn, worker.pid)
     with Client(db_dsn) as client:
         ids = client.enqueue_many(
@@ -247,7 +251,7 @@ def test_exponential_full_jitter_never_exceeds_ceiling(
         ratios.append(d["delay_s"] / ceiling)
     # Jitter is really applied: full jitter is uniform over [0, ceiling].
     assert min(ratios) < 0.5 < max(ratios), ratios
-    # And the worker honoured each delay: never early, late by at most a poll interval.
+    # And the worker honoured each delay: never early, and not left for ever.
     by_job = {(d["job_id"], d["attempt"]): d["delay_s"] for d in delays}
     for job_id in ids:
         attempts = attempts_of(db_dsn, job_id)
@@ -255,7 +259,7 @@ def test_exponential_full_jitter_never_exceeds_ceiling(
         for a, b in itertools.pairwise(attempts):
             gap = (b["started_at"] - a["finished_at"]).total_seconds()
             delay = by_job[(job_id, a["attempt"])]
-            assert delay <= gap < backoff.ceiling_ms(a["attempt"]) / 1000 + 1.0
+            assert delay <= gap < backoff.ceiling_ms(a["attempt"]) / 1000 + LATE_S
     print(
         f"full jitter: {len(ratios)} delays, "
         f"delay/ceiling in [{min(ratios):.2f}, {max(ratios):.2f}]"
@@ -331,7 +335,7 @@ def test_standalone_rescuer(
     lost = attempts_of(db_dsn, job.id)[0]
     # Claimed right after the rescue (NOTIFY), not at the survivor's next poll.
     claimed = job_row(db_dsn, job.id)["started_at"]
-    assert (claimed - lost["finished_at"]).total_seconds() < 1.0
+    assert (claimed - lost["finished_at"]).total_seconds() < LATE_S
     wait_state(db_dsn, job.id, "succeeded", timeout=10)
     assert [(a["outcome"], a["worker"]) for a in attempts_of(db_dsn, job.id)] == [
         ("lease_expired", victim_id),

@@ -37,8 +37,11 @@ pytestmark = pytest.mark.slow
 
 registry = Registry()
 
-TTL_S = 1.0
-HEARTBEAT_S = 0.25
+#: Short enough that every handler holds its transaction past it, long enough that a
+#: stall of the loaded test machine (1.5 s is seen) plus a late beat stays inside the
+#: 3.5 s the worker trusts a lease after a renewal: only starvation can fail the test.
+TTL_S = 4.0
+HEARTBEAT_S = 0.5
 #: each handler holds its transaction this long: past the TTL, so only renewals that
 #: go on meanwhile keep the lease
 HOLD_S = TTL_S * 1.3
@@ -131,7 +134,7 @@ def test_handlers_in_long_transactions_never_starve_the_heartbeat(
         return int(done) == len(all_ids)
 
     # two rounds of HOLD_S at the most per worker, plus start-up on a loaded machine
-    wait_for(sample, 40, interval=0.05, message="every job to succeed")
+    wait_for(sample, 2 * HOLD_S + 40, interval=0.05, message="every job to succeed")
 
     for c, w in workers.items():
         assert w.poll() is None, f"worker c{c} died"

@@ -5,6 +5,7 @@ test waits. Import as ``from tests.helpers import wait_for``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar, cast, overload
@@ -50,3 +51,17 @@ def wait_for(
                 f"(last value: {value!r})"
             )
         time.sleep(min(interval, remaining))
+
+
+async def wait_for_async(
+    predicate: Callable[[], bool], timeout: float, interval: float = 0.02, message: str = ""
+) -> None:
+    """``wait_for`` for a test that runs on an event loop: between polls it awaits
+    ``asyncio.sleep``, so the tasks under test on the same loop keep running while the
+    test waits (a blocking sleep would stop them, and the wait would time out)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate!r}")
+        await asyncio.sleep(min(interval, remaining))

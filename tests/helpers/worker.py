@@ -14,6 +14,7 @@ import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -29,8 +30,13 @@ from deadman.worker.worker_store import WorkerStore
 from tests.factories import job_row
 from tests.helpers import wait_for
 
+#: The worker's timings for every test whose lease must hold: a 10 s lease the worker
+#: trusts for 9.5 s after each renewal, so a stall of the loaded test machine (1.5 s is
+#: seen on 2 shared cores) cannot lose it, rescue the job and add an attempt the test
+#: did not expect. A 0.5 s heartbeat and 0.3 s rescuer keep cancels and rescues of
+#: backdated leases quick.
 SETTINGS = Settings(
-    lease_ttl_s=2.0,
+    lease_ttl_s=10.0,
     heartbeat_s=0.5,
     rescue_s=0.3,
     poll_s=0.5,
@@ -38,6 +44,9 @@ SETTINGS = Settings(
     shutdown_grace_s=0.0,
     max_attempts=3,
 )
+#: For the tests that need a lease to lapse: trusted for 1.5 s after a renewal,
+#: rescued within a few tenths of a second after it lapses.
+EXPIRING = replace(SETTINGS, lease_ttl_s=2.0)
 FAST_RETRY = Backoff(strategy="exponential", base_ms=400, max_ms=5000, jitter="none")
 
 registry = Registry()

@@ -6,7 +6,6 @@ only one acts per tick (real Postgres, two stores)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,16 +20,9 @@ from deadman.store import AsyncStore, ClaimParams, HeartbeatParams
 from deadman.store.maintenance import RESCUER_KEY
 from deadman.worker.process import Worker
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
+from tests.helpers import wait_for_async
 
 SETTINGS = Settings(rescue_s=0.02)  # the cleaner ticks every 10 of these: 0.2 s
-
-
-async def eventually(check: Callable[[], bool], timeout: float, message: str) -> None:
-    """Poll ``check`` without blocking the loop the services run on."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {message}"
-        await asyncio.sleep(0.02)
 
 
 def _state(dsn: str, job_id: int) -> str | None:
@@ -96,13 +88,15 @@ def test_a_service_starts_and_stops_repeatedly(db_dsn: str, name: str) -> None:
                 job_id = case.seed(db_dsn)
                 service.start()
                 service.start()  # idempotent: still one loop
-                await eventually(_reaches(db_dsn, job_id, case.done), 10, f"the {name} to act")
+                await wait_for_async(
+                    _reaches(db_dsn, job_id, case.done), 10, message=f"the {name} to act"
+                )
                 await service.stop()
                 await service.stop()  # idempotent
                 assert not service.running
                 ticks = service.ticks
                 probe.start()
-                await eventually(_ticked(probe, 2), 10, "two ticks of the probe")
+                await wait_for_async(_ticked(probe, 2), 10, message="two ticks of the probe")
                 await probe.stop()
                 assert service.ticks == ticks, "ticked after stop()"
 
@@ -123,7 +117,9 @@ def test_a_tick_that_raises_does_not_end_the_service(db_dsn: str) -> None:
         flaky = Flaky(interval_s=0.01)
         flaky.start()
         try:
-            await eventually(lambda: flaky.calls >= 4, 10, "ticks after the failing ones")
+            await wait_for_async(
+                lambda: flaky.calls >= 4, 10, message="ticks after the failing ones"
+            )
         finally:
             await flaky.stop()
         return flaky
@@ -153,7 +149,9 @@ def test_a_failing_tick_backs_off_and_recovers(db_dsn: str) -> None:
             rescuer = FailsOnce(store, SETTINGS)
             rescuer.start()
             try:
-                await eventually(lambda: _state(db_dsn, job_id) == "queued", 10, "the rescue")
+                await wait_for_async(
+                    lambda: _state(db_dsn, job_id) == "queued", 10, message="the rescue"
+                )
             finally:
                 await rescuer.stop()
 
@@ -228,12 +226,12 @@ def test_a_worker_runs_on_the_store_and_services_it_is_given(db_dsn: str) -> Non
         worker = Worker(db_dsn, SETTINGS, store=store, services=[service])
         running = asyncio.create_task(worker.run())
         try:
-            await eventually(
+            await wait_for_async(
                 lambda: (
                     {"job_claim", "job_heartbeat_many"} <= set(store.calls) and service.ticks >= 2
                 ),
                 20,
-                "the worker to claim and beat through the given store, and the service to tick",
+                message="the worker to claim and beat through the store, and the service to tick",
             )
         finally:
             worker.request_stop()

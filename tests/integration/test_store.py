@@ -419,7 +419,7 @@ def test_heartbeat_renews_only_the_current_lease(db_dsn: str) -> None:
     with connect(db_dsn) as conn:
         expire_lease(conn, first.id)
         rescue(db_dsn)
-        (second,) = claim(db_dsn, worker="w1", ttl_ms=1000)
+        (second,) = claim(db_dsn, worker="w1", ttl_ms=10_000)
         before = job_row(conn, first.id)["lease_expires_at"]
         assert heartbeat(db_dsn, [(first.id, token_of(first))]) == {}
         assert job_row(conn, first.id)["lease_expires_at"] == before

@@ -37,8 +37,8 @@ from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
 from deadman.worker.producer import EMPTY_CLAIM_GAP_S
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
-from tests.helpers import wait_for
-from tests.helpers.worker import SETTINGS, running_worker, wait_terminal
+from tests.helpers import wait_for, wait_for_async
+from tests.helpers.worker import EXPIRING, SETTINGS, running_worker, wait_terminal
 
 handlers = Registry()
 
@@ -326,10 +326,7 @@ def test_a_listener_callback_that_raises_does_not_end_the_listener(db_dsn: str) 
         async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
             for job_id in (1, 2, 3):
                 await conn.execute("SELECT pg_notify('deadman_cancel', %s)", (str(job_id),))
-        for _ in range(200):  # bounded: 10 s at most
-            if len(calls) == 3:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for_async(lambda: len(calls) == 3, 10, message="three cancel callbacks")
         assert not task.done()
         listener.stop()
         await asyncio.wait_for(task, 10)
@@ -425,11 +422,11 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
                     ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
                 )
                 executor.start(job, sent)
-                for _ in range(200):  # bounded: 10 s at most
-                    held = inflight.get(job_id)
-                    if held is not None and held.thread is not None:
-                        break
-                    await asyncio.sleep(0.05)
+                await wait_for_async(
+                    lambda: (held := inflight.get(job_id)) is not None and held.thread is not None,
+                    10,
+                    message="the handler's thread to start",
+                )
                 executor.abort(job_id, Abort.LEASE_LOST)
                 await asyncio.wait(executor.tasks, timeout=10)
             completer.stop()
@@ -457,7 +454,7 @@ def test_a_sync_handler_that_returns_after_its_lease_was_abandoned_is_not_a_succ
     returned.clear()
     _first_attempts.clear()
     job_id = client.enqueue("l.cooperative").id
-    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+    with connect(db_dsn) as conn, running_worker(db_dsn, EXPIRING, handlers=handlers) as worker:
         wait_for(lambda: job_row(conn, job_id)["state"] == "running", 5, message="running")
         heartbeat_down(conn)
         # renewals fail -> the lease is untrusted (TTL - margin) -> abort -> it returns
@@ -480,7 +477,7 @@ def test_an_abandoned_lease_is_not_renewed_while_its_thread_runs_on(
     let_go.clear()
     _first_attempts.clear()
     job_id = client.enqueue("l.stubborn").id
-    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+    with connect(db_dsn) as conn, running_worker(db_dsn, EXPIRING, handlers=handlers) as worker:
         try:
             wait_for(lambda: job_row(conn, job_id)["state"] == "running", 5, message="running")
             heartbeat_down(conn)

@@ -2,8 +2,9 @@
 
 The worker (tests.helpers.worker) runs its own event loop on a thread; the test thread
 enqueues with the Client, waits on database conditions with deadlines, and stops the
-worker the way a signal would. Timings are short (lease 2 s, heartbeat 0.5 s) so the
-cancel and timeout paths finish in a few seconds.
+worker the way a signal would. The heartbeat is short (0.5 s) so the cancel path
+finishes in a second; the lease (10 s) outlasts any stall of a loaded machine, so every
+history asserted here is exact.
 """
 
 from __future__ import annotations
