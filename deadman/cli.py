@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 
 from deadman import devdb, logs
+from deadman.cli_args import integer, queue_names
 from deadman.config import Settings
 from deadman.errors import ConfigError, DatabaseUnavailable, DeadmanError
 
@@ -66,15 +66,26 @@ def _wait_for_database(settings: Settings, dsn: str, process: str, *, schema: bo
     return asyncio.run(wait_for_database(dsn, wait))
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from deadman.db.migrate import migrate
-
+def _started(
+    args: argparse.Namespace, process: str, *, schema: bool
+) -> tuple[Settings, str] | None:
+    """Settings, DSN and logging for a long-running command, then the wait for the
+    database; None when SIGTERM/SIGINT came first (the command exits 0)."""
     settings = _settings(args)
     dsn = _dsn(settings)
     logs.configure(settings.log_format, settings.log_level)
-    if not _wait_for_database(settings, dsn, "migrate", schema=False):
+    if not _wait_for_database(settings, dsn, process, schema=schema):
+        return None
+    return settings, dsn
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from deadman.db.migrate import migrate
+
+    started = _started(args, "migrate", schema=False)
+    if started is None:
         return EXIT_OK
-    applied = migrate(dsn)
+    applied = migrate(started[1])
     print(f"applied {applied}" if applied else "already up to date")
     return EXIT_OK
 
@@ -141,14 +152,13 @@ def _exit_past_stuck_threads(code: int) -> None:
 
 
 def cmd_rescuer(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    dsn = _dsn(settings)
-    logs.configure(settings.log_format, settings.log_level)
     from deadman.maintenance import services
     from deadman.store import AsyncStore
 
-    if not _wait_for_database(settings, dsn, "rescuer", schema=True):
+    started = _started(args, "rescuer", schema=True)
+    if started is None:
         return EXIT_OK
+    settings, dsn = started
 
     async def main() -> int:
         import signal
@@ -286,109 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=integer(0, 65535), default=8080, help="port to listen on (8080)")
     sv.set_defaults(func=cmd_serve)
 
-    ch = sub.add_parser("chaos", help="kill, pause and restart things under load; verify")
-    db_arg(ch)  # default: a private throwaway cluster (the restart scenario needs one)
-    ch.add_argument("--jobs", type=integer(1, 10_000_000), default=100_000)
-    ch.add_argument("--workers", type=integer(1, 64), default=4, help="worker processes")
-    ch.add_argument(
-        "--concurrency", type=integer(1, 10_000), help="handlers at once per worker (32)"
-    )
-    ch.add_argument(
-        "--kill-rate", type=number(0, 1), default=0.30, help="P(SIGKILL) per worker per tick"
-    )
-    ch.add_argument(
-        "--kill-interval", type=number(0.01, 3600), default=2.0, help="seconds per tick"
-    )
-    ch.add_argument("--lease-ttl", type=number(0.1, 3600), default=3.0, help="seconds")
-    ch.add_argument(
-        "--seed", type=integer(0, 2**63 - 1), default=1, help="the fault schedule follows from it"
-    )
-    ch.add_argument("--submit", choices=["http", "client"], default="http")
-    ch.add_argument(
-        "--timeout", type=number(1, 86400), default=900.0, help="seconds for the whole run"
-    )
-    ch.add_argument(
-        "--handler-ms", type=integer(0, 3_600_000), default=20, help="handler sleeps 0..N ms"
-    )
-    ch.add_argument("--keep", action="store_true", help="leave the cluster running, print DSN")
-    ch.add_argument("--unsafe-effects", action="store_true", help="negative control")
-    for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition"):
-        ch.add_argument(f"--{scenario}", action="store_true")
-    ch.add_argument("--submit-faults", action="store_true", help="needs --submit http")
-    ch.add_argument(
-        "--operators",
-        action="store_true",
-        help="operator actions (cancel, retry, replay, pause, 1 s retention) under kills; "
-        "own database",
-    )
-    ch.add_argument("--all", action="store_true", help="every scenario (the default)")
-    ch.add_argument("--report", help="also write the report as JSON to this path")
-    ch.set_defaults(func=cmd_chaos)
+    # Subcommands that live in modules of their own, one registration each (in the
+    # order --help lists them):
+    from deadman import cli_chaos, cli_ops, cli_top
 
-    from deadman.cli_ops import add_parsers  # jobs, dlq, queues, workers, stats, top
-
-    add_parsers(sub, db_arg)
+    cli_chaos.add_parsers(sub, db_arg)  # chaos
+    cli_ops.add_parsers(sub, db_arg)  # jobs, dlq, queues, workers, stats
+    cli_top.add_parsers(sub, db_arg)  # top
     return p
-
-
-def cmd_chaos(args: argparse.Namespace) -> int:
-    from deadman.chaos.harness import main as chaos_main
-
-    return chaos_main(args)
-
-
-def integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an ASCII integer from ``low`` to ``high`` (``int()`` would also
-    take '١٢' and 4,000-digit numbers)."""
-
-    def parse(value: str) -> int:
-        text = value.strip()
-        digits = text[1:] if text[:1] in "+-" else text
-        if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
-            raise argparse.ArgumentTypeError(f"{_shown(value)} is not an integer")
-        n = int(text)
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {n}")
-        return n
-
-    return parse
-
-
-def number(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite decimal number from ``low`` to ``high``."""
-
-    def parse(value: str) -> float:
-        try:
-            x = float(value) if value.isascii() else math.nan
-        except ValueError:
-            x = math.nan
-        if not math.isfinite(x):
-            raise argparse.ArgumentTypeError(f"{_shown(value)} is not a finite number")
-        if not low <= x <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {x:g}")
-        return x
-
-    return parse
-
-
-def queue_names(value: str) -> tuple[str, ...]:
-    """--queues a,b: at least one name, each a valid queue name."""
-    from deadman.model import QUEUE_RE
-
-    names = tuple(q.strip() for q in value.split(",") if q.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("name at least one queue")
-    for name in names:
-        if not QUEUE_RE.fullmatch(name):
-            raise argparse.ArgumentTypeError(
-                f"{_shown(name)}: queue names are 1-128 characters of [A-Za-z0-9_.:-]"
-            )
-    return names
-
-
-def _shown(value: str, width: int = 40) -> str:
-    """A value as an error message may quote it: escaped and cut short."""
-    return repr(value if len(value) <= width else value[:width] + "...")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
