@@ -90,36 +90,55 @@ def test_workers_show_heartbeat_liveness_and_jobs_held(db_dsn: str) -> None:
     assert (gone["alive"], gone["jobs_held"]) == (False, 0)
 
 
-def test_stats_metrics_health_ready_openapi(db_dsn: str) -> None:
-    with connect(db_dsn) as conn:
+def _three_jobs(dsn: str) -> None:
+    """One queued job in queue a, one succeeded in a and one in b."""
+    with connect(dsn) as conn:
         insert_job(conn, state="queued", queue="a")
         insert_job(conn, state="succeeded", queue="a")
         insert_job(conn, state="succeeded", queue="b")
+
+
+def test_stats_count_by_state_and_live_jobs_by_queue(db_dsn: str) -> None:
+    _three_jobs(db_dsn)
     with api_client(db_dsn) as c:
         stats = c.get("/stats").json()
-        assert stats == {
-            "jobs": _zero(queued=1, succeeded=2),
-            "total": 3,
-            "estimated": [],  # few finished jobs: counted exactly
-            "queues": {"a": _live(queued=1)},
-        }
+    assert stats == {
+        "jobs": _zero(queued=1, succeeded=2),
+        "total": 3,
+        "estimated": [],  # few finished jobs: counted exactly
+        "queues": {"a": _live(queued=1)},
+    }
+
+
+def test_health_and_ready(db_dsn: str) -> None:
+    with api_client(db_dsn) as c:
         assert c.get("/health").json() == {"status": "ok"}
         ready = c.get("/ready").json()
-        assert ready["status"] == "ready" and ready["schema_version"] >= 2
+    assert ready["status"] == "ready" and ready["schema_version"] >= 2
+
+
+def test_metrics_expose_the_counts_and_the_requests(db_dsn: str) -> None:
+    _three_jobs(db_dsn)
+    with api_client(db_dsn) as c:
+        assert c.get("/stats").status_code == 200  # one request for the request metrics
         metrics = c.get("/metrics")
-        assert metrics.headers["content-type"].startswith("text/plain")
-        text = metrics.text
-        assert 'deadman_jobs{queue="a",state="queued"} 1.0' in text
-        assert 'deadman_jobs{queue="a",state="running"} 0.0' in text
-        assert 'deadman_jobs_finished{state="succeeded"} 2.0' in text
-        assert 'deadman_jobs_finished{state="dead"} 0.0' in text
-        assert 'deadman_jobs_finished_estimated{state="succeeded"} 0.0' in text
-        assert 'deadman_queue_paused{queue="a"} 0.0' in text
-        assert 'deadman_queue_oldest_due_age_seconds{queue="a"}' in text
-        assert "deadman_xmin_horizon_age_transactions " in text
-        assert "ESTIMATE above" in text  # the help text says which numbers are estimates
-        assert "deadman_api_database_up 1.0" in text
-        assert 'deadman_api_requests_total{method="GET",route="/stats",status="200"}' in text
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    assert 'deadman_jobs{queue="a",state="queued"} 1.0' in text
+    assert 'deadman_jobs{queue="a",state="running"} 0.0' in text
+    assert 'deadman_jobs_finished{state="succeeded"} 2.0' in text
+    assert 'deadman_jobs_finished{state="dead"} 0.0' in text
+    assert 'deadman_jobs_finished_estimated{state="succeeded"} 0.0' in text
+    assert 'deadman_queue_paused{queue="a"} 0.0' in text
+    assert 'deadman_queue_oldest_due_age_seconds{queue="a"}' in text
+    assert "deadman_xmin_horizon_age_transactions " in text
+    assert "ESTIMATE above" in text  # the help text says which numbers are estimates
+    assert "deadman_api_database_up 1.0" in text
+    assert 'deadman_api_requests_total{method="GET",route="/stats",status="200"}' in text
+
+
+def test_the_openapi_document_names_every_path_and_operation(db_dsn: str) -> None:
+    with api_client(db_dsn) as c:
         spec = c.get("/openapi.json").json()
     assert spec["openapi"] == "3.1.0"
     assert spec["security"] == []

@@ -150,10 +150,10 @@ def test_bulk_replay_runs_in_batches_and_notifies(db_dsn: str) -> None:
     assert [n.payload for n in notes] == ["q1", "q1", "q1"]
 
 
-def test_queues_pause_resume_workers_stats_top(
-    db_dsn: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with connect(db_dsn) as conn:
+def _busy_queue(dsn: str) -> tuple[str, str]:
+    """Queue q1 with one queued, one running (held by worker w-1 on host-a) and one
+    job succeeded 30 s ago; returns the --database-url arguments."""
+    with connect(dsn) as conn:
         insert_job(conn, queue="q1")
         insert_job(conn, queue="q1", state="running", lease_worker="w-1")
         insert_job(conn, queue="q1", state="succeeded", finished_ago_s=30)
@@ -161,8 +161,11 @@ def test_queues_pause_resume_workers_stats_top(
             "INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency)"
             " VALUES ('w-1', 'host-a', 42, '{q1}', 8)"
         )
-    url = ("--database-url", db_dsn)
+    return ("--database-url", dsn)
 
+
+def test_queues_pause_and_resume(db_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = _busy_queue(db_dsn)
     body = run_json(capsys, db_dsn, "queues", "pause", "q1")
     assert isinstance(body, dict) and body["paused"] is True
     queues = run_json(capsys, db_dsn, "queues")
@@ -172,20 +175,39 @@ def test_queues_pause_resume_workers_stats_top(
     assert q1["counts"]["queued"] == 1 and q1["counts"]["running"] == 1
     code, out, _ = run(capsys, "queues", "resume", "q1", *url)
     assert code == 0 and "queue q1: running" in out
-    code, _, err = run(capsys, "queues", "pause", *url)
-    assert code == 2 and "NAME" in err
-    code, _, err = run(capsys, "queues", "pause", "bad name!", *url)
-    assert code == 2 and "1-128 characters" in err
 
+
+@pytest.mark.parametrize(
+    ("name", "error"), [((), "NAME"), (("bad name!",), "1-128 characters")], ids=["none", "bad"]
+)
+def test_queues_pause_without_a_good_name_is_exit_2(
+    db_dsn: str, capsys: pytest.CaptureFixture[str], name: tuple[str, ...], error: str
+) -> None:
+    code, _, err = run(capsys, "queues", "pause", *name, "--database-url", db_dsn)
+    assert code == 2 and error in err
+
+
+def test_workers_lists_the_live_worker_and_what_it_holds(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _busy_queue(db_dsn)
     workers = run_json(capsys, db_dsn, "workers")
     assert isinstance(workers, dict)
     (w,) = workers["workers"]
     assert w["id"] == "w-1" and w["jobs_held"] == 1 and w["alive"] is True
 
+
+def test_stats_count_the_jobs(db_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _busy_queue(db_dsn)
     stats = run_json(capsys, db_dsn, "stats")
     assert isinstance(stats, dict)
     assert stats["jobs"]["queued"] == 1 and stats["jobs"]["running"] == 1
 
+
+def test_top_once_shows_queues_workers_and_throughput(
+    db_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _busy_queue(db_dsn)
     code, out, _ = run(capsys, "top", "--once", *url)
     assert code == 0
     assert "q1" in out and "host-a" in out and "throughput" in out

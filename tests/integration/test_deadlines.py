@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import DictRow
 
 from deadman.client import Client
@@ -261,74 +262,88 @@ def test_a_handler_that_finished_first_stays_succeeded_and_the_cancel_is_409(
         assert (row["state"], row["cancel_requested"]) == ("succeeded", False)
 
 
-def test_batches_carry_deadlines_and_dependencies(db_dsn: str, client: Client) -> None:
+def _upstream(conn: psycopg.Connection[DictRow], client: Client) -> tuple[Job, Job]:
+    """Two jobs to depend on: one queued, one dead."""
+    a = client.enqueue("noop")
+    dead = client.enqueue("noop")
+    conn.execute(
+        "UPDATE deadman.jobs SET state = 'dead', finished_at = now() WHERE id = %s", (dead.id,)
+    )
+    return a, dead
+
+
+def _count(conn: psycopg.Connection[DictRow], table: str) -> int:
+    query = sql.SQL("SELECT count(*) AS n FROM deadman.{}").format(sql.Identifier(table))
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_enqueue_many_carries_deadlines_and_dependencies(
+    conn: psycopg.Connection[DictRow], client: Client
+) -> None:
     """Client.enqueue_many (COPY, or one insert per job when some job has depends_on)
-    and POST /jobs/batch keep start_by, deadline, heartbeat_timeout and depends_on."""
+    keeps start_by, deadline, heartbeat_timeout and depends_on."""
     later = datetime(2999, 1, 1, tzinfo=UTC)
     ids = client.enqueue_many(
         [client.job("noop", start_by=later, deadline=later, heartbeat_timeout=1.5)]
     )
-    a = client.enqueue("noop")
-    dead = client.enqueue("noop")
-    with connect(db_dsn) as conn:
-        row = job_row(conn, ids[0])
-        assert (row["start_by"], row["deadline"], row["heartbeat_timeout_ms"]) == (
-            later,
-            later,
-            1500,
-        )
-        conn.execute(
-            "UPDATE deadman.jobs SET state = 'dead', finished_at = now() WHERE id = %s",
-            (dead.id,),
-        )
-        w1, w2 = client.enqueue_many(
-            [client.job("noop", depends_on=[a]), client.job("noop", depends_on=[a, dead])]
-        )
-        assert (job_row(conn, w1)["state"], job_row(conn, w1)["pending_deps"]) == ("waiting", 1)
-        assert (job_row(conn, w2)["state"], job_row(conn, w2)["last_error"]) == (
-            "cancelled",
-            f"upstream job {dead.id} dead",
-        )
-        with pytest.raises(UnknownDependency):
-            client.enqueue_many([client.job("noop"), client.job("noop", depends_on=[987654])])
-        before = conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone()
+    row = job_row(conn, ids[0])
+    assert (row["start_by"], row["deadline"], row["heartbeat_timeout_ms"]) == (later, later, 1500)
+    a, dead = _upstream(conn, client)
+    w1, w2 = client.enqueue_many(
+        [client.job("noop", depends_on=[a]), client.job("noop", depends_on=[a, dead])]
+    )
+    assert (job_row(conn, w1)["state"], job_row(conn, w1)["pending_deps"]) == ("waiting", 1)
+    assert (job_row(conn, w2)["state"], job_row(conn, w2)["last_error"]) == (
+        "cancelled",
+        f"upstream job {dead.id} dead",
+    )
+    assert _count(conn, "job_deps") == 3
+    with pytest.raises(UnknownDependency):
+        client.enqueue_many([client.job("noop"), client.job("noop", depends_on=[987654])])
+    # the dependency succeeds: the waiting job is released
+    run_job(conn, a.id)
+    assert job_row(conn, w1)["state"] == "queued"
 
-        batch = {
-            "jobs": [
-                {"type": "noop", "deadline": "2999-01-01T00:00:00Z", "idempotency_key": "b1"},
-                {"type": "noop", "depends_on": [str(a.id)], "idempotency_key": "b2"},
-                {"type": "noop", "depends_on": [str(dead.id)]},
-            ]
+
+def test_post_jobs_batch_carries_deadlines_and_dependencies(
+    db_dsn: str, conn: psycopg.Connection[DictRow], client: Client
+) -> None:
+    a, dead = _upstream(conn, client)
+    before = _count(conn, "jobs")
+    batch = {
+        "jobs": [
+            {"type": "noop", "deadline": "2999-01-01T00:00:00Z", "idempotency_key": "b1"},
+            {"type": "noop", "depends_on": [str(a.id)], "idempotency_key": "b2"},
+            {"type": "noop", "depends_on": [str(dead.id)]},
+        ]
+    }
+    with api_client(db_dsn) as c:
+        r = c.post("/jobs/batch", json=batch)
+        assert r.status_code == 201, r.text
+        got = r.json()["jobs"]
+        assert [j["state"] for j in got] == ["queued", "waiting", "cancelled"]
+        assert got[0]["deadline"] == "2999-01-01T00:00:00.000000Z"
+        edges = conn.execute(
+            "SELECT job_id, depends_on FROM deadman.job_deps WHERE job_id = ANY(%s)",
+            ([int(j["id"]) for j in got],),
+        ).fetchall()
+        assert {(e["job_id"], e["depends_on"]) for e in edges} == {
+            (int(got[1]["id"]), a.id),
+            (int(got[2]["id"]), dead.id),
         }
-        with api_client(db_dsn) as c:
-            r = c.post("/jobs/batch", json=batch)
-            assert r.status_code == 201, r.text
-            got = r.json()["jobs"]
-            assert [j["state"] for j in got] == ["queued", "waiting", "cancelled"]
-            assert got[0]["deadline"] == "2999-01-01T00:00:00.000000Z"
-            edges = conn.execute(
-                "SELECT job_id, depends_on FROM deadman.job_deps WHERE job_id = ANY(%s)",
-                ([int(j["id"]) for j in got],),
-            ).fetchall()
-            assert {(e["job_id"], e["depends_on"]) for e in edges} == {
-                (int(got[1]["id"]), a.id),
-                (int(got[2]["id"]), dead.id),
-            }
-            # a replay of the keyed part adds no edge and no job
-            r = c.post("/jobs/batch", json={"jobs": batch["jobs"][:2]})
-            assert r.status_code == 200 and r.headers["idempotent-replayed"] == "true"
-            bad = c.post(
-                "/jobs/batch",
-                json={"jobs": [{"type": "noop"}, {"type": "noop", "depends_on": ["987654"]}]},
-            )
-            assert_problem(bad, 422)
-            assert error_fields(bad) == {"jobs[1].depends_on"}
-        after = conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone()
-        assert after is not None and before is not None
-        assert after["n"] == before["n"] + 3
-        assert conn.execute("SELECT count(*) AS n FROM deadman.job_deps").fetchone() == {"n": 5}
-
-        # the dependency succeeds: the batch's waiting jobs are released
-        run_job(conn, a.id)
-        assert job_row(conn, w1)["state"] == "queued"
-        assert job_row(conn, int(got[1]["id"]))["state"] == "queued"
+        # a replay of the keyed part adds no edge and no job
+        r = c.post("/jobs/batch", json={"jobs": batch["jobs"][:2]})
+        assert r.status_code == 200 and r.headers["idempotent-replayed"] == "true"
+        bad = c.post(
+            "/jobs/batch",
+            json={"jobs": [{"type": "noop"}, {"type": "noop", "depends_on": ["987654"]}]},
+        )
+        assert_problem(bad, 422)
+        assert error_fields(bad) == {"jobs[1].depends_on"}
+    assert _count(conn, "jobs") == before + 3
+    assert _count(conn, "job_deps") == 2
+    # the dependency succeeds: the batch's waiting job is released
+    run_job(conn, a.id)
+    assert job_row(conn, int(got[1]["id"]))["state"] == "queued"

@@ -109,12 +109,11 @@ def test_keyset_pages(db_dsn: str) -> None:
         assert f'/ui/jobs/{ids[0]}"' in second and "older →" not in second
 
 
-def test_replay_bulk_cancel_and_pause(db_dsn: str) -> None:
+def test_bulk_replay_by_type_then_all(db_dsn: str) -> None:
     with connect(db_dsn) as conn:
         a = insert_job(conn, state="dead", type="pdf", queue="q1").id
         b = insert_job(conn, state="dead", type="mail", queue="q1").id
         c_ = insert_job(conn, state="dead", type="pdf", queue="q2").id
-        queued = insert_job(conn, queue="q1").id
     with serve(make_app(db_dsn)) as base, client(base) as c:
         h = {"Origin": base}
         r = c.post("/ui/dead/replay", data={"type": "pdf"}, headers=h)
@@ -124,9 +123,20 @@ def test_replay_bulk_cancel_and_pause(db_dsn: str) -> None:
         assert "replayed 1 dead" in c.post("/ui/dead/replay", data={}, headers=h).text
         assert _state(db_dsn, b) == "queued"
 
-        assert c.post(f"/ui/jobs/{queued}/cancel", headers=h).status_code == 303
-        assert _state(db_dsn, queued) == "cancelled"
 
+def test_cancel_a_queued_job(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        queued = insert_job(conn, queue="q1").id
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        assert c.post(f"/ui/jobs/{queued}/cancel", headers={"Origin": base}).status_code == 303
+    assert _state(db_dsn, queued) == "cancelled"
+
+
+def test_pause_and_resume_a_queue(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        insert_job(conn, queue="q1")
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        h = {"Origin": base}
         assert c.post("/ui/queues/q1/pause", headers=h).status_code == 303
         assert "paused" in c.get("/ui/").text
         assert c.get("/queues").json()["queues"][0]["paused"] is True

@@ -10,6 +10,8 @@ history asserted here is exact.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -33,53 +35,78 @@ def client(db_dsn: str) -> Iterator[Client]:
         yield c
 
 
-def test_handlers_of_every_kind(db_dsn: str, client: Client) -> None:
-    jobs = {
-        "async": client.enqueue("t.async", {"x": 1}).id,
-        "sync": client.enqueue("t.sync").id,
-        "effect-async": client.enqueue("t.effect-async").id,
-        "effect-sync": client.enqueue("t.effect-sync").id,
-        "raise": client.enqueue("t.raise", max_attempts=2, backoff=FAST_RETRY).id,
-        "not-json": client.enqueue("t.not-json", max_attempts=1).id,
-        "builtin": client.enqueue("noop").id,
-        "unknown": client.enqueue("t.nobody-handles-this", max_attempts=1).id,
-    }
+@dataclass(frozen=True)
+class Kind:
+    """One kind of handler, the job that runs it, and how that job must end."""
+
+    type: str
+    state: str
+    history: list[str]
+    payload: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+    result: Any = None  #: the stored result, when there is one to check
+    error: str | None = None  #: a part of last_error
+    effects: int = 0
+
+
+KINDS = {
+    "async": Kind(
+        "t.async",
+        "succeeded",
+        ["succeeded"],
+        payload={"x": 1},
+        result={"echo": {"x": 1}, "attempt": 1},
+    ),
+    "sync": Kind("t.sync", "succeeded", ["succeeded"], result={"thread": True}),
+    "effect-async": Kind(
+        "t.effect-async", "succeeded", ["succeeded"], result={"effect": "async"}, effects=1
+    ),
+    "effect-sync": Kind(
+        "t.effect-sync", "succeeded", ["succeeded"], result={"effect": "sync"}, effects=1
+    ),
+    "raise": Kind(
+        "t.raise",
+        "dead",
+        ["failed", "failed"],
+        options={"max_attempts": 2, "backoff": FAST_RETRY},
+        error="ValueError: boom on attempt 2",
+    ),
+    "not-json": Kind(
+        "t.not-json",
+        "dead",
+        ["failed"],
+        options={"max_attempts": 1},
+        error="handler result is not JSON",
+    ),
+    "builtin": Kind("noop", "succeeded", ["succeeded"]),
+    "unknown": Kind(
+        "t.nobody-handles-this",
+        "dead",
+        ["failed"],
+        options={"max_attempts": 1},
+        error="no handler registered",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS.values(), ids=list(KINDS))
+def test_a_handler_of_each_kind(db_dsn: str, client: Client, kind: Kind) -> None:
+    job_id = client.enqueue(kind.type, kind.payload, **kind.options).id
     with connect(db_dsn) as conn, running_worker(db_dsn) as worker:
-        wait_terminal(conn, list(jobs.values()), timeout=8)
+        wait_terminal(conn, [job_id], timeout=8)
         assert worker.stop() == 0
-        rows = {k: job_row(conn, v) for k, v in jobs.items()}
-        history = {k: [a["outcome"] for a in attempt_rows(conn, v)] for k, v in jobs.items()}
-
-        assert rows["async"]["state"] == "succeeded"
-        assert rows["async"]["result"] == {"echo": {"x": 1}, "attempt": 1}
-        assert rows["sync"]["result"] == {"thread": True}
-        for kind in ("effect-async", "effect-sync"):
-            assert rows[kind]["state"] == "succeeded"
-            assert effects(conn, jobs[kind]) == 1
-            assert history[kind] == ["succeeded"]
-        assert rows["effect-async"]["result"] == {"effect": "async"}
-        assert rows["effect-sync"]["result"] == {"effect": "sync"}
-
-        assert rows["raise"]["state"] == "dead"
-        assert history["raise"] == ["failed", "failed"]
-        assert "ValueError: boom on attempt 2" in rows["raise"]["last_error"]
-
-        assert rows["not-json"]["state"] == "dead"
-        assert "handler result is not JSON" in rows["not-json"]["last_error"]
-        assert history["not-json"] == ["failed"]
-
-        assert rows["builtin"]["state"] == "succeeded"
-        assert rows["unknown"]["state"] == "dead"
-        assert "no handler registered" in rows["unknown"]["last_error"]
-
-        for kind, job_id in jobs.items():
-            attempts = attempt_rows(conn, job_id)
-            assert [a["attempt"] for a in attempts] == list(range(1, len(attempts) + 1)), kind
-            assert {a["worker"] for a in attempts} == {worker.worker_id}, kind
-        leftovers = conn.execute(
-            "SELECT count(*) AS n FROM deadman.workers WHERE id = %s", (worker.worker_id,)
-        ).fetchone()
-        assert leftovers == {"n": 0}  # deregistered on the way out
+        row = job_row(conn, job_id)
+        attempts = attempt_rows(conn, job_id)
+        written = effects(conn, job_id)
+    assert row["state"] == kind.state, row["last_error"]
+    assert [a["outcome"] for a in attempts] == kind.history
+    assert [a["attempt"] for a in attempts] == list(range(1, len(attempts) + 1))
+    assert {a["worker"] for a in attempts} == {worker.worker_id}
+    if kind.result is not None:
+        assert row["result"] == kind.result
+    if kind.error is not None:
+        assert kind.error in row["last_error"]
+    assert written == kind.effects
 
 
 def test_retries_wait_for_their_backoff(db_dsn: str, client: Client) -> None:
