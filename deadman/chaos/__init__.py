@@ -3,13 +3,23 @@ Postgres restarted under them, and a verifier in plain SQL that says whether eve
 acknowledged job ran to exactly one effect.
 
 - ``app``: the handler the chaos jobs run (records each invocation, then its effect).
+- ``options``: the run's options and the environment its workers get.
+- ``databases``: the private cluster or ``--database-url``, migrated, checked empty.
+- ``probe``: the harness's questions to the database (``ops.sql``) while a run goes on.
 - ``faults``: the fault schedule, reproducible from ``--seed``.
+- ``kills``: a tick of the schedule applied (SIGKILLs, connection kills).
 - ``workers``: the worker processes the harness owns (spawn, SIGKILL, SIGSTOP, RSS).
-- ``scenarios``: the fault episodes (zombie, Postgres restart, partition).
+- ``scenarios``: the fault episodes (zombie, Postgres restart, partition) and their thread.
 - ``netns``: the network namespace, veth and forwarder a partitioned worker sits behind.
 - ``submit`` and ``http``: the two submission paths (Python client, ``deadman serve``).
+- ``load``: the load phase (fleet, submitter, episodes, the tick loop, the drain).
 - ``verify``: the checks, from the named queries in ``verify.sql``.
+- ``checks``: what the harness itself saw, judged.
+- ``report``: the header, the JSON report and the text printed from it.
 - ``operators``: operators under fire (cancel, retry, bulk replay, pause, one-second
   retention) in a database of its own; ``verify_ops`` judges it (``verify_ops.sql``).
-- ``harness``: orchestration and the report.
+  Its parts: ``ops_config`` (queues, retention, pace), ``ops_journal`` (the actions
+  with the database clock around each), ``ops_submit`` (its submissions),
+  ``ops_actions`` (the actions), ``ops_operator`` (the thread that does it all).
+- ``harness``: the phases in order, the verdict, the clean-up.
 """

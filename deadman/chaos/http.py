@@ -18,6 +18,7 @@ With the submission-faults scenario, chosen batches (seeded) also suffer:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -166,6 +167,20 @@ class ApiClient:
         except ValueError:
             parsed = None
         return resp.status, hdrs, parsed
+
+    async def answer(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """From async code: ``body`` sent as JSON on a thread (the client blocks);
+        (status, parsed body), status 0 when no answer came."""
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            status, _, parsed = await asyncio.to_thread(
+                self.request, method, path, data, dict(headers or {})
+            )
+        except (OSError, http.client.HTTPException):
+            return 0, None
+        return status, parsed
 
 
 class HttpSubmitter(SubmitterBase):

@@ -1,5 +1,5 @@
-"""The one-off fault episodes, run one after another on their own thread while the
-tick loop goes on killing workers: zombie, Postgres restart (fast, immediate) and
+"""The one-off fault episodes and the thread that runs them, one after another, while
+the tick loop goes on killing workers: zombie, Postgres restart (fast, immediate) and
 partition. Each waits on conditions read from the database, with deadlines, never
 for a fixed time, and returns what it saw; the harness turns that into checks.
 """
@@ -8,53 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
-import psycopg
-from psycopg.rows import dict_row
-
-from deadman.chaos.app import OPS
 from deadman.chaos.faults import Applied, FaultPlan
 from deadman.chaos.netns import Partition
+from deadman.chaos.probe import Db
 from deadman.chaos.workers import WorkerPool
 from deadman.devdb import Cluster
-
-
-class Db:
-    """The harness's window on the database: one short-lived connection per question,
-    so that a restart or a terminated backend costs one missed sample, not the run."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-
-    def row(
-        self, name: LiteralString, params: dict[str, Any] | None = None
-    ) -> dict[str, Any] | None:
-        try:
-            with psycopg.connect(
-                self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5
-            ) as conn:
-                row = conn.execute(OPS[name], params or {}).fetchone()
-                return dict(row) if row is not None else None
-        except psycopg.OperationalError:
-            return None
-
-    def rows(
-        self, name: LiteralString, params: dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
-        try:
-            with psycopg.connect(
-                self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5
-            ) as conn:
-                return [dict(r) for r in conn.execute(OPS[name], params or {}).fetchall()]
-        except psycopg.OperationalError:
-            return []
-
-    def value(self, name: LiteralString, params: dict[str, Any] | None = None) -> Any:
-        row = self.row(name, params)
-        return None if row is None else next(iter(row.values()))
 
 
 @dataclass
@@ -64,12 +26,13 @@ class Context:
     db: Db
     pool: WorkerPool
     plan: FaultPlan
-    lock: threading.Lock  # guards the pool
     applied: list[Applied]
     clock: Callable[[], float]  # seconds since the run began
-    stop: threading.Event
     ttl_s: float
     cluster: Cluster | None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards the pool
+    #: Set when the run is over: episodes stop waiting.
+    stop: threading.Event = field(default_factory=threading.Event)
     #: Slots the tick loop must leave alone (a zombie must live to write late).
     protected: set[int] = field(default_factory=set)
     #: Set while an episode needs the whole fleet up (a Postgres restart): no kills.
@@ -89,34 +52,6 @@ class Context:
                 return None
             self.stop.wait(interval)
         return None
-
-
-def kill_workers(
-    pool: WorkerPool,
-    db: Db,
-    slots: Sequence[int],
-    spared: set[int],
-    clock: Callable[[], float],
-) -> tuple[list[Applied], int]:
-    """SIGKILL the workers of these slots (the caller holds the pool's lock), except
-    the spared ones and any still booting: a worker that has not registered holds no
-    lease, and killing it proves nothing. Returns the kills applied and the number
-    withheld."""
-    if not slots:
-        return [], 0
-    live = pool.pids()
-    rows = db.rows("registered_pids", {"pids": sorted(live.values())})
-    registered = {int(r["pid"]) for r in rows}
-    applied: list[Applied] = []
-    withheld = 0
-    for slot in slots:
-        if slot in spared or live.get(slot) not in registered:
-            withheld += 1
-            continue
-        pid = pool.kill(slot)
-        if pid is not None:
-            applied.append(Applied(clock(), "sigkill", f"w{slot}", {"pid": pid}))
-    return applied, withheld
 
 
 def fleet_up(ctx: Context, timeout: float = 60.0) -> bool:
@@ -291,3 +226,46 @@ def _reconnected(
         "running_at_stop": before.get("running"),
         "workers_died": [{"slot": e.slot, "code": e.code, "log_tail": e.log_tail} for e in died],
     }
+
+
+class EpisodeRunner(threading.Thread):
+    """Runs the chosen episodes one after another, once the whole fleet registered,
+    until the run stops; an episode that raises is reported as failed. ``results``:
+    by episode name, what it saw (or why it was skipped)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        episodes: list[str],
+        skipped: dict[str, str],
+        net: Partition | None,
+        partition_slot: int,
+    ) -> None:
+        super().__init__(name="chaos-episodes", daemon=True)
+        self.ctx = ctx
+        self.net = net
+        self.partition_slot = partition_slot
+        self.episodes = episodes
+        self.results: dict[str, dict[str, Any]] = {
+            name: {"skipped": why} for name, why in skipped.items()
+        }
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.episodes:
+                fleet_up(self.ctx)
+            for name in self.episodes:
+                if self.ctx.stop.is_set():
+                    break
+                try:
+                    if name == "zombie":
+                        self.results[name] = zombie(self.ctx)
+                    elif name == "partition" and self.net is not None:
+                        self.results[name] = partition(self.ctx, self.net, self.partition_slot)
+                    elif name.startswith("pg-restart-"):
+                        self.results[name] = pg_restart(self.ctx, name.removeprefix("pg-restart-"))
+                except Exception as exc:  # report it as the episode's failure
+                    self.results[name] = {"ok": False, "error": repr(exc)}
+        finally:
+            self.finished.set()
