@@ -9,7 +9,7 @@ from psycopg.rows import dict_row
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
-from tests.acceptance.conftest import (
+from tests.helpers.processes import (
     STEADY_TTL_S,
     SpawnWorker,
     attempts_of,

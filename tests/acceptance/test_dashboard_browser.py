@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.conftest import SpawnWorker, sql_all, wait_state
 from tests.helpers import wait_for
+from tests.helpers.processes import SpawnWorker, sql_all, wait_state
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -14,7 +14,8 @@ import pytest
 
 from deadman.client import Client
 from deadman.model import Backoff
-from tests.acceptance.conftest import (
+from tests.helpers import wait_for
+from tests.helpers.processes import (
     LATE_S,
     RESCUE_S,
     START_TIMEOUT_S,
@@ -38,7 +39,6 @@ from tests.acceptance.conftest import (
     wait_state,
     wait_workers,
 )
-from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from deadman.client import Client
 from deadman.worker.listener import CANCEL_CHANNEL, CHANNEL
-from tests.acceptance.conftest import SpawnWorker, wait_registered, wait_state
+from tests.helpers.processes import SpawnWorker, wait_registered, wait_state
 
 pytestmark = pytest.mark.slow
 

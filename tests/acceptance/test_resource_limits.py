@@ -24,14 +24,14 @@ from deadman.model import Job
 from deadman.registry import Registry
 from deadman.worker.context import JobContext
 from deadman.worker.process import HANDLER_POOL_MAX
-from tests.acceptance.conftest import (
+from tests.helpers import wait_for
+from tests.helpers.processes import (
     Proc,
     SpawnWorker,
     sql_all,
     sql_value,
     wait_registered,
 )
-from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from deadman.client import Client
-from tests.acceptance.conftest import (
+from tests.helpers import wait_for
+from tests.helpers.processes import (
     LATE_S,
     STEADY_TTL_S,
     TTL_S,
@@ -26,7 +27,6 @@ from tests.acceptance.conftest import (
     wait_held,
     wait_registered,
 )
-from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -25,18 +25,18 @@ import pytest
 
 from deadman import devdb
 from deadman.db.migrate import latest_version, migrate
-from tests.acceptance.conftest import (
+from tests.factories import connect, expire_lease, insert_job
+from tests.helpers import wait_for
+from tests.helpers.processes import (
     Proc,
+    Spawner,
     SpawnRescuer,
     SpawnWorker,
-    _Spawner,
     job_state,
     sql_value,
     wait_registered,
     wait_state,
 )
-from tests.factories import connect, expire_lease, insert_job
-from tests.helpers import wait_for
 
 #: Python start-up and imports on a loaded 2-core machine, then the first try.
 FIRST_TRY_S = 20.0
@@ -182,7 +182,7 @@ def test_a_rescuer_started_while_postgres_is_down_waits_then_rescues(
 
 
 def test_migrate_started_while_postgres_is_down_waits_then_migrates(
-    down: Down, _spawner: _Spawner
+    down: Down, _spawner: Spawner
 ) -> None:
     dsn = down.dsn(down.empty)
     proc = _spawner.start(["migrate", "--database-url", dsn], "migrate", {})
@@ -196,7 +196,7 @@ def test_migrate_started_while_postgres_is_down_waits_then_migrates(
 
 
 def test_serve_started_while_postgres_is_down_is_up_and_turns_ready(
-    down: Down, _spawner: _Spawner
+    down: Down, _spawner: Spawner
 ) -> None:
     """An HTTP server comes up at once (a health check must see it) and says 503 on
     /ready until the database is there."""
@@ -293,7 +293,7 @@ def test_a_fleet_waits_once_then_starts_its_children(down: Down, spawn_worker: S
 
 
 @pytest.mark.parametrize("command", ["worker", "rescuer", "migrate"])
-def test_sigterm_during_the_wait_exits_0_at_once(command: str, _spawner: _Spawner) -> None:
+def test_sigterm_during_the_wait_exits_0_at_once(command: str, _spawner: Spawner) -> None:
     nowhere = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
     proc = _spawner.start([command, "--database-url", nowhere], command, {})
     _alive_and_waiting(proc, tries=1)
@@ -305,7 +305,7 @@ def test_sigterm_during_the_wait_exits_0_at_once(command: str, _spawner: _Spawne
     _assert_clean_log(proc)
 
 
-def test_the_wait_limit_ends_in_exit_3_and_one_line(_spawner: _Spawner) -> None:
+def test_the_wait_limit_ends_in_exit_3_and_one_line(_spawner: Spawner) -> None:
     nowhere = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
     proc = _spawner.start(
         ["worker", "--database-url", nowhere], "worker", {"DEADMAN_STARTUP_WAIT_S": "1.5"}
@@ -321,7 +321,7 @@ def test_the_wait_limit_ends_in_exit_3_and_one_line(_spawner: _Spawner) -> None:
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    from tests.acceptance.conftest import FAST_ENV, REPO
+    from tests.helpers.processes import FAST_ENV, REPO
 
     full = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **FAST_ENV, **env}
     return subprocess.run(

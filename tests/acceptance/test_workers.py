@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 
 from deadman.client import Client
-from tests.acceptance.conftest import (
+from tests.helpers import wait_for
+from tests.helpers.processes import (
     LATE_S,
     STEADY_TTL_S,
     SpawnWorker,
@@ -27,7 +28,6 @@ from tests.acceptance.conftest import (
     wait_workers,
     worker_rows,
 )
-from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,14 @@ import signal
 import pytest
 
 from deadman.client import Client
-from tests.acceptance.conftest import (
+from tests.helpers import wait_for
+from tests.helpers.api import api_client
+from tests.helpers.processes import (
     SpawnWorker,
     sql_all,
     sql_value,
     wait_registered,
 )
-from tests.helpers import wait_for
-from tests.helpers.api import api_client
 
 pytestmark = pytest.mark.slow
 
