@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -18,7 +18,8 @@ from psycopg_pool import ConnectionPool
 from deadman.config import Settings
 from deadman.db.pool import sync_pool
 from deadman.errors import ConfigError, DuplicateKey
-from deadman.model import DEFAULT_BACKOFF, Backoff, Job, Workflow
+from deadman.model import Backoff, Job, Workflow
+from deadman.spec import BatchJobSpec, JobSpec, validate
 from deadman.store import NewJob, NewWorkflow, SyncConn, SyncStore
 
 
@@ -28,6 +29,32 @@ def _to_ms(value: timedelta | float | int | None) -> int | None:
     if isinstance(value, timedelta):
         return round(value.total_seconds() * 1000)
     return round(float(value) * 1000)
+
+
+class JobOptions(TypedDict, total=False):
+    """What :meth:`Client.job` and :meth:`Client.enqueue` take besides type and payload:
+    the fields of :class:`deadman.JobSpec`, with durations as timedeltas or seconds."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay: timedelta | float | None
+    max_attempts: int | None
+    backoff: Backoff | None
+    timeout: timedelta | float | None
+    idempotency_key: str | None
+    depends_on: Iterable[int | Job]
+    start_by: datetime | None
+    deadline: datetime | None
+    heartbeat_timeout: timedelta | float | None
+
+
+#: the options given in seconds, and the spec's field (in milliseconds) for each
+_SECONDS = {
+    "delay": "delay_ms",
+    "timeout": "timeout_ms",
+    "heartbeat_timeout": "heartbeat_timeout_ms",
+}
 
 
 class _Keyed(Protocol):
@@ -89,62 +116,44 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def job(
-        self,
-        type: str,
-        payload: Any = None,
-        *,
-        queue: str = "default",
-        priority: int = 0,
-        run_at: datetime | None = None,
-        delay: timedelta | float | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | None = None,
-        timeout: timedelta | float | None = None,
-        idempotency_key: str | None = None,
-        depends_on: Iterable[int | Job] = (),
-        start_by: datetime | None = None,
-        deadline: datetime | None = None,
-        heartbeat_timeout: timedelta | float | None = None,
-    ) -> NewJob:
-        """Build (and validate) a job without sending it; for :meth:`enqueue_many`."""
-        return NewJob(
-            type=type,
-            payload=payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay_ms=_to_ms(delay) or 0,
-            max_attempts=max_attempts,
-            backoff=backoff or DEFAULT_BACKOFF,
-            timeout_ms=_to_ms(timeout),
-            idempotency_key=idempotency_key,
-            depends_on=tuple(d.id if isinstance(d, Job) else int(d) for d in depends_on),
-            start_by=start_by,
-            deadline=deadline,
-            heartbeat_timeout_ms=_to_ms(heartbeat_timeout),
-        )
+    def job(self, type: str, payload: Any = None, **options: Unpack[JobOptions]) -> NewJob:
+        """Build (and validate) a job without sending it; for :meth:`enqueue_many` and
+        workflow nodes. The rules are :class:`deadman.JobSpec`'s, as over HTTP: a
+        broken field raises :class:`~deadman.spec.SpecError` naming it."""
+        body: dict[str, Any] = {"type": type, "payload": payload}
+        for name, value in options.items():
+            if value is None:
+                continue
+            if name in _SECONDS:
+                body[_SECONDS[name]] = _to_ms(value)  # type: ignore[arg-type]
+            elif name == "backoff":
+                body[name] = value.to_json() if isinstance(value, Backoff) else value
+            elif name == "depends_on":
+                body[name] = [d.id if isinstance(d, Job) else d for d in value]  # type: ignore[attr-defined]
+            else:
+                body[name] = value
+        return validate(BatchJobSpec, body).to_new_job()
+
+    def submit(
+        self, spec: JobSpec, *, idempotency_key: str | None = None, conn: SyncConn | None = None
+    ) -> Job:
+        """Enqueue a job given as a :class:`deadman.JobSpec` (e.g. a FastAPI request
+        body), as :meth:`enqueue` does."""
+        body = spec.model_dump(exclude_unset=True, by_alias=True)
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        checked = validate(BatchJobSpec, body)
+        return self._send(checked.to_new_job(), conn)
 
     def enqueue(
         self,
         type: str,
         payload: Any = None,
         *,
-        queue: str = "default",
-        priority: int = 0,
-        run_at: datetime | None = None,
-        delay: timedelta | float | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | None = None,
-        timeout: timedelta | float | None = None,
-        idempotency_key: str | None = None,
-        depends_on: Iterable[int | Job] = (),
-        start_by: datetime | None = None,
-        deadline: datetime | None = None,
-        heartbeat_timeout: timedelta | float | None = None,
         conn: SyncConn | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
-        """Enqueue one job and return it.
+        """Enqueue one job and return it; inside ``conn``'s transaction when given.
 
         With ``idempotency_key``: a repeat of the same request returns the job that
         already exists; the same key with a different request raises
@@ -155,24 +164,12 @@ class Client:
         :class:`~deadman.store.UnknownDependency`. ``start_by``: not started by then,
         it ends dead ('expired'). ``deadline``: no attempt starts after it ('deadline').
         ``heartbeat_timeout``: the handler must call ``ctx.heartbeat()`` at least that
-        often, or its attempt is treated as hung (timed_out).
+        often, or its attempt is treated as hung (timed_out). ``delay``, ``timeout`` and
+        ``heartbeat_timeout`` are timedeltas or seconds.
         """
-        new = self.job(
-            type,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            timeout=timeout,
-            idempotency_key=idempotency_key,
-            depends_on=depends_on,
-            start_by=start_by,
-            deadline=deadline,
-            heartbeat_timeout=heartbeat_timeout,
-        )
+        return self._send(self.job(type, payload, **options), conn)
+
+    def _send(self, new: NewJob, conn: SyncConn | None) -> Job:
         if conn is not None:
             return self._enqueue_on(conn, new)
         with self._get_pool().connection() as own:

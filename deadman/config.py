@@ -17,8 +17,9 @@ from typing import TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from deadman.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN
 from deadman.errors import ConfigError
-from deadman.model import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, QUEUE_RE
+from deadman.model import QUEUE_RE
 
 T = TypeVar("T")
 

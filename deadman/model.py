@@ -9,12 +9,12 @@ from __future__ import annotations
 import enum
 import json
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from deadman.bounds import NAME_RE, NAME_RULE
 from deadman.errors import IllegalTransition, InvalidJob
 
 
@@ -110,39 +110,21 @@ class AttemptOutcome(enum.StrEnum):
     TIMED_OUT = "timed_out"
 
 
-TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-QUEUE_RE = TYPE_RE
-PRIORITY_MIN, PRIORITY_MAX = -100, 100
-#: one bound for every way in (HTTP, Client, DEADMAN_MAX_ATTEMPTS); they disagreed once
-MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+TYPE_RE = NAME_RE
+QUEUE_RE = NAME_RE
 
 
 def validate_type(name: str) -> str:
-    if not TYPE_RE.fullmatch(name):
-        raise InvalidJob(f"job type {name!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    """A job type given as a filter or a handler name (the spec checks submitted jobs)."""
+    if not NAME_RE.fullmatch(name):
+        raise InvalidJob(f"job type {name!r} {NAME_RULE}")
     return name
 
 
 def validate_queue(name: str) -> str:
-    if not QUEUE_RE.fullmatch(name):
-        raise InvalidJob(f"queue {name!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+    if not NAME_RE.fullmatch(name):
+        raise InvalidJob(f"queue {name!r} {NAME_RULE}")
     return name
-
-
-def validate_priority(priority: int) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidJob("priority must be an integer")
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise InvalidJob(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
-    return priority
-
-
-def validate_max_attempts(max_attempts: int) -> int:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidJob("max_attempts must be an integer")
-    if not MAX_ATTEMPTS_MIN <= max_attempts <= MAX_ATTEMPTS_MAX:
-        raise InvalidJob(f"max_attempts must be between {MAX_ATTEMPTS_MIN} and {MAX_ATTEMPTS_MAX}")
-    return max_attempts
 
 
 @dataclass(frozen=True)
@@ -153,22 +135,15 @@ class Backoff:
     jitter the delay is uniform in ``[0, that]`` (AWS's "full jitter": retries of
     many jobs that failed together spread out instead of stampeding back at once).
     ``fixed``: ``base_ms`` every time (jitter still applies if asked for).
+
+    Checked where it comes in (``deadman.spec.BackoffSpec``: HTTP, ``Client``, CLI);
+    read back from the database as it was stored.
     """
 
     strategy: Literal["exponential", "fixed"] = "exponential"
     base_ms: int = 1000
     max_ms: int = 300_000
     jitter: Literal["full", "none"] = "full"
-
-    def __post_init__(self) -> None:
-        if self.strategy not in ("exponential", "fixed"):
-            raise InvalidJob("backoff.strategy must be 'exponential' or 'fixed'")
-        if self.jitter not in ("full", "none"):
-            raise InvalidJob("backoff.jitter must be 'full' or 'none'")
-        if not 0 <= self.base_ms <= 86_400_000:
-            raise InvalidJob("backoff.base_ms must be between 0 and 86400000")
-        if not self.base_ms <= self.max_ms <= 86_400_000:
-            raise InvalidJob("backoff.max_ms must be between base_ms and 86400000")
 
     def ceiling_ms(self, attempt: int) -> int:
         """The largest delay after failed attempt number ``attempt`` (1-based)."""

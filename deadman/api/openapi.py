@@ -1,9 +1,9 @@
-"""The OpenAPI 3.1 document of the API, written by hand and served at /openapi.json.
+"""The OpenAPI 3.1 document of the API, served at /openapi.json.
 
-By hand, because the contract is the product: clients are written against it, so
-every field, bound, status code and header here is deliberate, and the
-schemathesis test checks the server against it (no 5xx, no response that breaks
-it). Bounds come from schema.py's constants so the two cannot drift apart silently.
+The request bodies are generated from deadman.spec, the models that validate them;
+the paths, responses and headers are written here, because the contract is the
+product: every status code and header is deliberate. The schemathesis test checks
+the server against the whole document (no 5xx, no response that breaks it).
 """
 
 from __future__ import annotations
@@ -11,22 +11,17 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from pydantic.json_schema import models_json_schema
+
 from deadman import storable
 from deadman.api import schema
 from deadman.api.problems import KINDS, TYPE_PREFIX
+from deadman.bounds import ID_PATTERN, KEY_MAX_LEN, NAME_PATTERN
 from deadman.config import Settings
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import (
-    FINISHED_COUNT_CAP,
-    MAX_DELAY_MS,
-    MAX_EDGES,
-    MAX_NODES,
-    MAX_TIMEOUT_MS,
-)
+from deadman.spec import BatchSpec, JobSpec, WorkflowSpec
+from deadman.store import FINISHED_COUNT_CAP
 
-NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
-ID_PATTERN = "^[1-9][0-9]{0,18}$"
-KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,255}$"
 HEADER_KEY_PATTERN = "^[\\x21-\\x7e]([\\x20-\\x7e]{0,253}[\\x21-\\x7e])?$"
 STATES = [s.value for s in JobState]
 LIVE_STATES = [s.value for s in JobState if not s.terminal]
@@ -69,125 +64,36 @@ _NAME = {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength":
 _COUNT = {"type": "integer", "minimum": 0}
 
 
-def _new_job_properties() -> dict[str, Any]:
-    return {
-        "type": {**_NAME, "description": "The handler to run: 1-128 of [A-Za-z0-9_.:-]."},
-        "payload": {"description": "Any JSON; the handler's input. Default null."},
-        "queue": {**_NAME, "default": "default"},
-        "priority": {
-            "type": "integer",
-            "minimum": -100,
-            "maximum": 100,
-            "default": 0,
-            "description": "Higher runs first.",
-        },
-        "max_attempts": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": schema.MAX_ATTEMPTS,
-            "description": "Default: the server's DEADMAN_MAX_ATTEMPTS.",
-        },
-        "backoff": _ref("Backoff"),
-        "run_at": {
-            **_DATETIME,
-            "description": "RFC 3339 with an offset (Z or +hh:mm). Not with delay_ms. "
-            "Between 0001-01-02 and 9999-12-30.",
-        },
-        "delay_ms": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": MAX_DELAY_MS,
-            "description": "Run this many milliseconds from now. Not with run_at.",
-        },
-        "timeout_ms": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_TIMEOUT_MS,
-            "description": "Cancel an attempt that runs longer.",
-        },
-    }
+def _spec_schemas() -> dict[str, Any]:
+    """What clients submit, generated from deadman.spec: the same models validate the
+    requests, so the document and the server cannot disagree on a bound."""
+    _, top = models_json_schema(
+        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec)],
+        ref_template="#/components/schemas/{model}",
+    )
+    defs: dict[str, Any] = top["$defs"]
+    return {name: _tidy(schema_) for name, schema_ in defs.items()}
 
 
-def _deadline_properties() -> dict[str, Any]:
-    return {
-        "start_by": {
-            **_DATETIME,
-            "description": "Schedule-to-start: a job not started by then ends dead with "
-            "last_error `expired`, without running.",
-        },
-        "deadline": {
-            **_DATETIME,
-            "description": "Total, across retries: no attempt starts after it; the job then "
-            "ends dead with last_error `deadline`.",
-        },
-        "heartbeat_timeout_ms": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_TIMEOUT_MS,
-            "description": "A handler that stops calling ctx.heartbeat() for this long is "
-            "treated as hung: its attempt ends timed_out and the job retries as usual.",
-        },
-    }
-
-
-def _depends_on() -> dict[str, Any]:
-    return {
-        "depends_on": {
-            "type": "array",
-            "items": {"type": "string", "pattern": ID_PATTERN},
-            "maxItems": schema.MAX_DEPENDS_ON,
-            "uniqueItems": True,
-            "description": "Ids of jobs that must succeed first; the job is `waiting` until "
-            "then, and cancelled (`upstream job <id> <state>`) if one ends dead or cancelled. "
-            "An unknown id is 422.",
-        }
-    }
+def _tidy(node: Any) -> Any:
+    """Without pydantic's generated titles, and without null on the fields that refuse
+    it (leaving them out is how a client asks for the default)."""
+    if isinstance(node, list):
+        return [_tidy(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _tidy(v) for k, v in node.items() if k != "title" or not isinstance(v, str)}
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        del out["anyOf"]  # a spec.fields.Maybe field: null is refused
+        out = {**next(o for o in options if o != {"type": "null"}), **out}
+    if out.get("default", 0) is None and ("type" in out or "$ref" in out):
+        del out["default"]
+    return out
 
 
 def _workflow_schemas() -> dict[str, Any]:
-    node_props = {
-        "name": {**_NAME, "description": "Unique within the workflow; edges use it."},
-        **_new_job_properties(),
-        **_deadline_properties(),
-    }
     return {
-        "NewWorkflow": {
-            "type": "object",
-            "properties": {
-                "name": {
-                    "type": "string",
-                    "pattern": "^[^\\u0000-\\u001f\\u007f]{1,128}$",
-                    "minLength": 1,
-                    "maxLength": 128,
-                },
-                "nodes": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_NODES,
-                    "items": {
-                        "type": "object",
-                        "properties": node_props,
-                        "required": ["name", "type"],
-                        "additionalProperties": False,
-                        "not": {"required": ["run_at", "delay_ms"]},
-                    },
-                },
-                "edges": {
-                    "type": "array",
-                    "maxItems": MAX_EDGES,
-                    "description": "`to` runs after `from` succeeded. Unknown node names, "
-                    "repeated edges and cycles are 422.",
-                    "items": {
-                        "type": "object",
-                        "properties": {"from": _NAME, "to": _NAME},
-                        "required": ["from", "to"],
-                        "additionalProperties": False,
-                    },
-                },
-            },
-            "required": ["name", "nodes"],
-            "additionalProperties": False,
-        },
         "Workflow": {
             "type": "object",
             "properties": {
@@ -236,7 +142,7 @@ def _workflow_paths() -> dict[str, Any]:
                 "<state>`). With `Idempotency-Key`, as for `POST /jobs`: the same key and "
                 "the same workflow again is 200 with the same workflow and "
                 "`Idempotent-Replayed: true`; a different workflow is 422.",
-                **_keyed_create("NewWorkflow", "Workflow", "/workflows/{id}", "workflow"),
+                **_keyed_create("WorkflowSpec", "Workflow", "/workflows/{id}", "workflow"),
             }
         },
         "/workflows/{id}": {
@@ -268,7 +174,6 @@ def _workflow_paths() -> dict[str, Any]:
 
 
 def _schemas() -> dict[str, Any]:
-    not_both = {"not": {"required": ["run_at", "delay_ms"]}}
     counts = {
         "type": "object",
         "description": "Number of jobs in each state; every state is present.",
@@ -302,67 +207,6 @@ def _schemas() -> dict[str, Any]:
                 "message": {"type": "string"},
             },
             "required": ["field", "message"],
-        },
-        "Backoff": {
-            "type": "object",
-            "description": "Delay after a failed attempt. exponential: base_ms * 2^(attempt-1) "
-            "capped at max_ms; fixed: base_ms. full jitter: uniform in [0, delay].",
-            "properties": {
-                "strategy": {"enum": ["exponential", "fixed"], "default": "exponential"},
-                "base_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": schema.MAX_BACKOFF_MS,
-                    "default": 1000,
-                },
-                "max_ms": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": schema.MAX_BACKOFF_MS,
-                    "description": "At least base_ms. Default: the larger of 300000 and base_ms.",
-                },
-                "jitter": {"enum": ["full", "none"], "default": "full"},
-            },
-            "additionalProperties": False,
-        },
-        "NewJob": {
-            "type": "object",
-            "properties": {**_new_job_properties(), **_deadline_properties(), **_depends_on()},
-            "required": ["type"],
-            "additionalProperties": False,
-            **not_both,
-        },
-        "BatchJob": {
-            "type": "object",
-            "properties": {
-                **_new_job_properties(),
-                **_deadline_properties(),
-                **_depends_on(),
-                "idempotency_key": {
-                    "type": "string",
-                    "pattern": KEY_PATTERN,
-                    "minLength": 1,
-                    "maxLength": schema.MAX_KEY_LEN,
-                    "description": "Like the Idempotency-Key header of POST /jobs; unique "
-                    "within the batch.",
-                },
-            },
-            "required": ["type"],
-            "additionalProperties": False,
-            **not_both,
-        },
-        "Batch": {
-            "type": "object",
-            "properties": {
-                "jobs": {
-                    "type": "array",
-                    "items": _ref("BatchJob"),
-                    "minItems": 1,
-                    "maxItems": schema.MAX_BATCH,
-                }
-            },
-            "required": ["jobs"],
-            "additionalProperties": False,
         },
         "Lease": {
             "type": "object",
@@ -649,7 +493,7 @@ IDEMPOTENCY_KEY_HEADER: dict[str, Any] = {
         "type": "string",
         "pattern": HEADER_KEY_PATTERN,
         "minLength": 1,
-        "maxLength": schema.MAX_KEY_LEN,
+        "maxLength": KEY_MAX_LEN,
     },
 }
 
@@ -706,7 +550,7 @@ def _paths() -> dict[str, Any]:
                 "`Idempotent-Replayed: true`; the same key with a different request is 422. "
                 "Concurrent identical requests create one job; every caller gets its id. A "
                 "key lives as long as its job.",
-                **_keyed_create("NewJob", "Job", "/jobs/{id}", "job"),
+                **_keyed_create("JobSpec", "Job", "/jobs/{id}", "job"),
             },
             "get": {
                 "operationId": "listJobs",
@@ -752,7 +596,7 @@ def _paths() -> dict[str, Any]:
                 "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("Batch")}},
+                    "content": {"application/json": {"schema": _ref("BatchSpec")}},
                 },
                 "responses": {
                     "201": _json(_ref("Jobs"), "Created (in request order)."),
@@ -1028,7 +872,7 @@ def document(settings: Settings) -> dict[str, Any]:
         },
         "paths": _with_links({**_paths(), **_workflow_paths()}),
         "components": {
-            "schemas": {**_schemas(), **_workflow_schemas()},
+            "schemas": {**_schemas(), **_workflow_schemas(), **_spec_schemas()},
             "responses": _shared_responses(settings),
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
         },

@@ -27,7 +27,7 @@ from deadman.store.batches import (
     match_batch,
 )
 from deadman.store.conn import AsyncConn, SyncConn
-from deadman.store.jobs import MAX_DELAY_MS, MAX_TIMEOUT_MS, NewJob, UnknownDependency, deps_verdict
+from deadman.store.jobs import NewJob, UnknownDependency, deps_verdict
 from deadman.store.leases import (
     FINISH_IDLE_MS,
     ClaimParams,
@@ -41,8 +41,6 @@ from deadman.store.maintenance import PruneParams, Rescued, RescueParams, quaran
 from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
 from deadman.store.sync_store import SyncStore, is_transient
 from deadman.store.workflows import (
-    MAX_EDGES,
-    MAX_NODES,
     InvalidWorkflow,
     NewWorkflow,
     workflow_params,
@@ -51,10 +49,6 @@ from deadman.store.workflows import (
 __all__ = [
     "FINISHED_COUNT_CAP",
     "FINISH_IDLE_MS",
-    "MAX_DELAY_MS",
-    "MAX_EDGES",
-    "MAX_NODES",
-    "MAX_TIMEOUT_MS",
     "AsyncBase",
     "AsyncConn",
     "AsyncStore",

@@ -1,5 +1,5 @@
-"""What a client may submit as one job (`NewJob`), validated on construction, and
-the verdict on its dependencies."""
+"""One job as the store inserts it (`NewJob`, made from a validated spec), its SQL
+parameters, and the verdict on its dependencies."""
 
 from __future__ import annotations
 
@@ -13,22 +13,13 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from deadman.errors import InvalidJob
-from deadman.model import (
-    Backoff,
-    JobState,
-    validate_max_attempts,
-    validate_priority,
-    validate_queue,
-    validate_type,
-)
-
-MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
-MAX_TIMEOUT_MS = 2**31 - 1  # the column is an integer
+from deadman.model import Backoff, JobState
 
 
 @dataclass(frozen=True)
 class NewJob:
-    """A job to enqueue. Validated on construction: bad input never reaches SQL."""
+    """A job as the store inserts it: built from a validated :class:`deadman.spec.JobSpec`
+    (``JobSpec.to_new_job``, ``Client.job``), so it checks nothing itself."""
 
     type: str
     payload: Any = None
@@ -47,35 +38,6 @@ class NewJob:
     #: total across retries: no attempt starts after it ('deadline')
     deadline: datetime | None = None
     heartbeat_timeout_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        validate_type(self.type)
-        validate_queue(self.queue)
-        validate_priority(self.priority)
-        if self.run_at is not None and self.delay_ms:
-            raise InvalidJob("give run_at or delay, not both")
-        if self.run_at is not None and self.run_at.tzinfo is None:
-            raise InvalidJob("run_at must carry a time zone")
-        if self.delay_ms < 0:
-            raise InvalidJob("delay must not be negative")
-        if self.delay_ms > MAX_DELAY_MS:
-            raise InvalidJob(f"delay must be at most {MAX_DELAY_MS} ms (10 years)")
-        if self.max_attempts is not None:
-            validate_max_attempts(self.max_attempts)
-        if self.timeout_ms is not None and not 0 < self.timeout_ms <= MAX_TIMEOUT_MS:
-            raise InvalidJob(f"timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
-        if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
-            raise InvalidJob("idempotency_key must be 1-255 characters")
-        for name in ("start_by", "deadline"):
-            value = getattr(self, name)
-            if value is not None and value.tzinfo is None:
-                raise InvalidJob(f"{name} must carry a time zone")
-        if self.heartbeat_timeout_ms is not None and not (
-            0 < self.heartbeat_timeout_ms <= MAX_TIMEOUT_MS
-        ):
-            raise InvalidJob(f"heartbeat timeout must be between 1 and {MAX_TIMEOUT_MS} ms")
-        if len(set(self.depends_on)) != len(self.depends_on):
-            raise InvalidJob("depends_on names a job twice")
 
     def request_hash(self) -> str:
         """A fingerprint of what was asked, to tell a replay from a different request."""

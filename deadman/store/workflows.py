@@ -1,4 +1,4 @@
-"""What a client may submit as a workflow (`NewWorkflow`) and its parameters."""
+"""A workflow as the store inserts it (`NewWorkflow`) and its parameters."""
 
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from deadman.bounds import MAX_EDGES, MAX_NODES, NAME_RE, NAME_RULE
+from deadman.dag import graph_problems
 from deadman.errors import InvalidJob
-from deadman.model import (
-    TYPE_RE,
-    find_cycle,
-)
+from deadman.storable import FieldError
 from deadman.store.jobs import NewJob, job_columns
-
-MAX_NODES = 1000
-MAX_EDGES = 10_000
 
 
 class InvalidWorkflow(InvalidJob):
@@ -35,37 +31,27 @@ class NewWorkflow:
     idempotency_key: str | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.name) <= 128:
-            raise InvalidWorkflow("a workflow's name must be 1-128 characters")
-        if not 1 <= len(self.nodes) <= MAX_NODES:
-            raise InvalidWorkflow(f"a workflow has 1 to {MAX_NODES} nodes")
-        if len(self.edges) > MAX_EDGES:
-            raise InvalidWorkflow(f"a workflow has at most {MAX_EDGES} edges")
-        names = [n for n, _ in self.nodes]
-        seen: set[str] = set()
-        for n in names:
-            if not TYPE_RE.fullmatch(n):  # node names follow the job type rule
-                raise InvalidWorkflow(f"node name {n!r}: 1-128 of A-Z a-z 0-9 _ . : -")
-            if n in seen:
-                raise InvalidWorkflow(f"two nodes are named {n!r}")
-            seen.add(n)
         for n, job in self.nodes:
             if job.depends_on or job.idempotency_key is not None:
                 raise InvalidWorkflow(
                     f"node {n!r}: use edges, not depends_on; the key is the workflow's"
                 )
-        if len(set(self.edges)) != len(self.edges):
-            raise InvalidWorkflow("an edge is given twice")
-        for src, dst in self.edges:
-            if src not in seen or dst not in seen:
-                raise InvalidWorkflow(f"edge {src!r} -> {dst!r} names an unknown node")
-            if src == dst:
-                raise InvalidWorkflow(f"node {src!r} cannot depend on itself")
-        cycle = find_cycle(names, self.edges)
-        if cycle:
-            raise InvalidWorkflow("the edges form a cycle: " + " -> ".join(cycle))
-        if self.idempotency_key is not None and not 1 <= len(self.idempotency_key) <= 255:
-            raise InvalidWorkflow("idempotency_key must be 1-255 characters")
+        # WorkflowSpec's rules, for workflows built in Python from Client.job nodes.
+        problems = [f"{p['field']}: {p['message']}" for p in self._graph_problems()]
+        if not 1 <= len(self.name) <= 128:
+            problems.append("name: must be 1-128 characters")
+        if not 1 <= len(self.nodes) <= MAX_NODES:
+            problems.append(f"nodes: must be 1 to {MAX_NODES} nodes")
+        if len(self.edges) > MAX_EDGES:
+            problems.append(f"edges: must be at most {MAX_EDGES} edges")
+        if problems:
+            raise InvalidWorkflow("; ".join(problems))
+
+    def _graph_problems(self) -> list[FieldError]:
+        bad = [n for n, _ in self.nodes if not NAME_RE.fullmatch(n)]
+        if bad:
+            return [{"field": "nodes", "message": f"node name {bad[0]!r} {NAME_RULE}"}]
+        return list(graph_problems([n for n, _ in self.nodes], self.edges))
 
     def request_hash(self) -> str:
         """A fingerprint of the whole request (name, each node, edges), as for jobs."""

@@ -84,15 +84,18 @@ def test_run_at_in_the_past_is_queued_in_the_future_scheduled(client: Client, db
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"run_at": datetime(2030, 1, 1)}, "time zone"),
-        ({"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": 5}, "not both"),
-        ({"delay": -1}, "negative"),
-        ({"priority": 101}, "priority"),
-        ({"queue": "no spaces"}, "queue"),
-        ({"max_attempts": 0}, "max_attempts"),
-        ({"timeout": 0}, "timeout"),
-        ({"idempotency_key": ""}, "idempotency_key"),
-        ({"idempotency_key": "k" * 256}, "idempotency_key"),
+        ({"run_at": datetime(2030, 1, 1)}, "run_at: must carry a time zone"),
+        (
+            {"run_at": datetime(2030, 1, 1, tzinfo=UTC), "delay": 5},
+            "delay_ms: give run_at or delay_ms, not both",
+        ),
+        ({"delay": -1}, "delay_ms: must be an integer from 0 to"),
+        ({"priority": 101}, "priority: must be an integer from -100 to 100"),
+        ({"queue": "no spaces"}, "queue: must be 1-128 characters"),
+        ({"max_attempts": 0}, "max_attempts: must be an integer from 1 to 100"),
+        ({"timeout": 0}, "timeout_ms: must be an integer from 1 to"),
+        ({"idempotency_key": ""}, "idempotency_key: must be 1-255 characters"),
+        ({"idempotency_key": "k" * 256}, "idempotency_key: must be 1-255 characters"),
     ],
     ids=[
         "naive-run_at",
@@ -111,7 +114,7 @@ def test_invalid_jobs_are_refused_before_sql(kwargs: dict[str, object], match: s
     with Client("host=/nonexistent dbname=nothing", settings=Settings()) as nowhere:
         with pytest.raises(InvalidJob, match=match):
             nowhere.enqueue("t", **kwargs)  # type: ignore[arg-type]
-        with pytest.raises(InvalidJob, match="job type"):
+        with pytest.raises(InvalidJob, match="type: must be 1-128 characters"):
             nowhere.enqueue("bad type!")
         assert nowhere._pool is None
 

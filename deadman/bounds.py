@@ -1,0 +1,32 @@
+"""Every bound on what a client may submit, written once. The spec models (deadman.spec),
+the OpenAPI document, the settings and the store all read them from here."""
+
+from __future__ import annotations
+
+import re
+
+#: job types, queue names, node names (and limit keys): 1-128 of [A-Za-z0-9_.:-]
+NAME_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$"
+NAME_RE = re.compile(NAME_PATTERN)
+NAME_RULE = "must be 1-128 characters of A-Z a-z 0-9 _ . : -"
+#: idempotency keys in a body (the header has its own, stricter form)
+KEY_MAX_LEN = 255
+KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,255}$"
+KEY_RULE = "must be 1-255 characters, without control characters"
+#: a workflow's name: free text, without control characters
+WORKFLOW_NAME_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,128}$"
+WORKFLOW_NAME_RULE = "must be 1-128 characters, without control characters"
+#: ids as this API writes them: 1..bigint in ASCII digits, no leading zero
+ID_PATTERN = "^[1-9][0-9]{0,18}$"
+MAX_BIGINT = 2**63 - 1
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: one bound for every way in (HTTP, Client, CLI, DEADMAN_MAX_ATTEMPTS)
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
+MAX_TIMEOUT_MS = 2**31 - 1  # the column is an integer
+MAX_BACKOFF_MS = 86_400_000
+MAX_DEPENDS_ON = 100
+MAX_BATCH = 1000
+MAX_NODES = 1000
+MAX_EDGES = 10_000

@@ -1,0 +1,27 @@
+"""One definition of what a client may submit. Every bound is written once
+(:mod:`deadman.bounds`); the HTTP API, ``Client``, the CLI and the OpenAPI
+document all derive from these models, so they refuse the same input in the same words.
+
+FastAPI users can take ``deadman.JobSpec`` as a request body and hand it to
+``Client.submit``.
+"""
+
+from __future__ import annotations
+
+from deadman.spec.errors import SpecError, validate
+from deadman.spec.job import BackoffSpec, BatchJobSpec, BatchSpec, JobFields, JobSpec, Spec
+from deadman.spec.workflow import EdgeSpec, NodeSpec, WorkflowSpec
+
+__all__ = [
+    "BackoffSpec",
+    "BatchJobSpec",
+    "BatchSpec",
+    "EdgeSpec",
+    "JobFields",
+    "JobSpec",
+    "NodeSpec",
+    "Spec",
+    "SpecError",
+    "WorkflowSpec",
+    "validate",
+]
