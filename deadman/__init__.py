@@ -11,19 +11,24 @@ from deadman.client import Client
 from deadman.errors import DeadmanError, DuplicateKey, LeaseLost
 from deadman.model import Backoff, Job, JobState, Workflow, WorkflowState
 from deadman.registry import Registry
+from deadman.spec import BatchSpec, JobSpec, SpecError, WorkflowSpec
 from deadman.worker.context import JobContext
 
 __all__ = [
     "Backoff",
+    "BatchSpec",
     "Client",
     "DeadmanError",
     "DuplicateKey",
     "Job",
     "JobContext",
+    "JobSpec",
     "JobState",
     "LeaseLost",
     "Registry",
+    "SpecError",
     "Workflow",
+    "WorkflowSpec",
     "WorkflowState",
 ]
 __version__ = "0.1.0"
