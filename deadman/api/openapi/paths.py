@@ -1,0 +1,381 @@
+"""The paths of the OpenAPI document: every operation, its parameters, bodies and
+answers, and the links between operations that the stateful schemathesis run walks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deadman.api import schema
+from deadman.api.openapi.common import (
+    _CREATE_ERRORS,
+    _NAME,
+    STATES,
+    _job_id_param,
+    _json,
+    _keyed_create,
+    _queue_name_param,
+    _ref,
+    _responses,
+)
+from deadman.bounds import ID_PATTERN
+from deadman.store import FINISHED_COUNT_CAP
+
+
+def _workflow_paths() -> dict[str, Any]:
+    wf = _ref("Workflow")
+    wf_id = {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": ID_PATTERN},
+    }
+    return {
+        "/workflows": {
+            "post": {
+                "operationId": "createWorkflow",
+                "summary": "Submit a workflow (a DAG of jobs)",
+                "description": "Every node is created in one transaction. Nodes with "
+                "dependencies are `waiting` until all of them succeeded; when one ends dead "
+                "or cancelled, everything downstream is cancelled (`upstream <name> "
+                "<state>`). With `Idempotency-Key`, as for `POST /jobs`: the same key and "
+                "the same workflow again is 200 with the same workflow and "
+                "`Idempotent-Replayed: true`; a different workflow is 422.",
+                **_keyed_create("WorkflowSpec", "Workflow", "/workflows/{id}", "workflow"),
+            }
+        },
+        "/workflows/{id}": {
+            "get": {
+                "operationId": "getWorkflow",
+                "summary": "A workflow's state and each node's state",
+                "parameters": [wf_id],
+                "responses": {
+                    "200": _json(wf, "The workflow."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/workflows/{id}/cancel": {
+            "post": {
+                "operationId": "cancelWorkflow",
+                "summary": "Cancel every unfinished node",
+                "description": "200 when the workflow is finished (now or before); 202 "
+                "while running nodes are being told to stop.",
+                "parameters": [wf_id],
+                "responses": {
+                    "200": _json(wf, "Finished."),
+                    "202": _json(wf, "Cancellation requested from running nodes."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+    }
+
+
+def _paths() -> dict[str, Any]:
+    job = _ref("Job")
+    replayed = {"required": True, "schema": {"const": "true"}}
+    return {
+        "/jobs": {
+            "post": {
+                "operationId": "createJob",
+                "summary": "Submit a job",
+                "description": "201 after the insert committed. With `Idempotency-Key` "
+                '(IETF draft; a structured-field string `"key"` or the bare key): the same '
+                "key and the same request again is 200 with the same job and "
+                "`Idempotent-Replayed: true`; the same key with a different request is 422. "
+                "Concurrent identical requests create one job; every caller gets its id. A "
+                "key lives as long as its job.",
+                **_keyed_create("JobSpec", "Job", "/jobs/{id}", "job"),
+            },
+            "get": {
+                "operationId": "listJobs",
+                "summary": "List jobs, newest first",
+                "description": "Keyset pagination: pass `next_cursor` back as `cursor`. Each "
+                "filter is served by an index, whatever the table size.",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"enum": STATES}},
+                    {"name": "type", "in": "query", "schema": _NAME},
+                    {"name": "queue", "in": "query", "schema": _NAME},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": schema.LIMIT_MAX,
+                            "default": schema.LIMIT_DEFAULT,
+                        },
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "description": "Opaque: a `next_cursor` from a previous page.",
+                        "schema": {"type": "string", "pattern": ID_PATTERN},
+                    },
+                ],
+                "responses": {
+                    "200": _json(_ref("JobPage"), "A page of jobs."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            },
+        },
+        "/jobs/batch": {
+            "post": {
+                "operationId": "createJobs",
+                "summary": "Submit up to 1000 jobs, all or none",
+                "description": "One transaction. Items may carry `idempotency_key` (the "
+                "Idempotency-Key header is refused here): a replayed item returns its "
+                "existing job; a key used for a different request fails the whole batch "
+                "(422, nothing created). 201 if any job was created; 200 with "
+                "`Idempotent-Replayed: true` if all were replays. With "
+                "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("BatchSpec")}},
+                },
+                "responses": {
+                    "201": _json(_ref("Jobs"), "Created (in request order)."),
+                    "200": _json(
+                        _ref("Jobs"),
+                        "Every item was a replay.",
+                        **{"Idempotent-Replayed": replayed},
+                    ),
+                    **_responses(*_CREATE_ERRORS),
+                },
+            }
+        },
+        "/jobs/{id}": {
+            "get": {
+                "operationId": "getJob",
+                "summary": "One job",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "The job."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/attempts": {
+            "get": {
+                "operationId": "getJobAttempts",
+                "summary": "A job's ended attempts, oldest first",
+                "description": "A running attempt is not listed yet: it is the job's lease.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(_ref("Attempts"), "The history."),
+                    **_responses("Unauthorized", "NotFound", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/cancel": {
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job",
+                "description": "Not yet running: cancelled at once (200). Running: 202, "
+                "cancellation requested; the worker hears it at once by NOTIFY (or at its "
+                "next heartbeat at the latest) and stops the handler. Already finished "
+                "(a handler that completed first stays succeeded): 409.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "Cancelled."),
+                    "202": _json(job, "Running; cancellation requested."),
+                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
+                },
+            }
+        },
+        "/jobs/{id}/retry": {
+            "post": {
+                "operationId": "retryJob",
+                "summary": "Replay a dead or cancelled job",
+                "description": "Back to queued, due now, with a fresh set of attempts; the "
+                "attempt history is kept. Any other state: 409.",
+                "parameters": [_job_id_param()],
+                "responses": {
+                    "200": _json(job, "Queued again."),
+                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
+                },
+            }
+        },
+        "/queues": {
+            "get": {
+                "operationId": "listQueues",
+                "summary": "Queues with their unfinished jobs by state",
+                "description": "Every queue with unfinished jobs or that was "
+                "paused/resumed. Counts are exact and read only unfinished rows, so they "
+                "cost in proportion to the backlog, not to the finished jobs retention "
+                "keeps; finished jobs are counted in total by GET /stats.",
+                "responses": {
+                    "200": _json(_ref("Queues"), "The queues, by name."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/queues/{name}/pause": {
+            "post": {
+                "operationId": "pauseQueue",
+                "summary": "Stop workers claiming from a queue",
+                "description": "Running jobs finish; submissions are still accepted. A "
+                "queue can be paused before it has jobs.",
+                "parameters": [_queue_name_param()],
+                "responses": {
+                    "200": _json(_ref("Queue"), "Paused."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            }
+        },
+        "/queues/{name}/resume": {
+            "post": {
+                "operationId": "resumeQueue",
+                "summary": "Let workers claim from a queue again",
+                "parameters": [_queue_name_param()],
+                "responses": {
+                    "200": _json(_ref("Queue"), "Resumed."),
+                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
+                },
+            }
+        },
+        "/workers": {
+            "get": {
+                "operationId": "listWorkers",
+                "summary": "Registered workers, their last heartbeat and jobs held",
+                "responses": {
+                    "200": _json(_ref("Workers"), "The workers, by id."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/stats": {
+            "get": {
+                "operationId": "getStats",
+                "summary": "Job counts by state in total, unfinished ones per queue",
+                "description": "Unfinished states are exact (as GET /queues). Finished "
+                f"states (succeeded, dead, cancelled) are counted exactly up to "
+                f"{FINISHED_COUNT_CAP} each "
+                "and estimated beyond (pg_class.reltuples x pg_stats frequency, as fresh "
+                "as the last ANALYZE): `estimated` names those states. Never scans the "
+                "table, however many finished jobs it holds.",
+                "responses": {
+                    "200": _json(_ref("Stats"), "The counts."),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "The process is up (no auth, no database)",
+                "security": [],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"status": {"const": "ok"}},
+                            "required": ["status"],
+                        },
+                        "Up.",
+                    )
+                },
+            }
+        },
+        "/ready": {
+            "get": {
+                "operationId": "ready",
+                "summary": "The database answers and its schema is current",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "status": {"const": "ready"},
+                                "schema_version": {"type": "integer"},
+                            },
+                            "required": ["status", "schema_version"],
+                        },
+                        "Ready.",
+                    ),
+                    **_responses("Unauthorized", "Unavailable"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "description": "This process's metrics, plus `deadman_jobs{queue,state}` "
+                "gauges counted at scrape time (the cost note of GET /queues applies: "
+                "scrape every 15 s or more, not every second) and "
+                "`deadman_api_database_up`. A database outage does not fail the scrape.",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_responses("Unauthorized"),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {
+                    "200": _json({"type": "object"}, "OpenAPI 3.1."),
+                    **_responses("Unauthorized"),
+                },
+            }
+        },
+    }
+
+
+#: OpenAPI links (section 4.8.20): which operation can follow which, with the id it
+#: takes from the response. They document the life of a job for client authors, and
+#: they are what the stateful schemathesis run walks: create -> get -> cancel ->
+#: retry -> get, on real ids, not only on generated ones that name no job.
+#: (path, method, statuses) -> {link name: (operationId, runtime expression)}.
+_JOB_ID = "$response.body#/id"
+_FIRST_JOB_ID = "$response.body#/jobs/0/id"
+_FIRST_NODE_JOB_ID = "$response.body#/nodes/0/job_id"
+LINKS: dict[tuple[str, str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
+    ("/jobs", "post", ("200", "201")): {
+        "GetJob": ("getJob", _JOB_ID),
+        "GetJobAttempts": ("getJobAttempts", _JOB_ID),
+        "CancelJob": ("cancelJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/batch", "post", ("200", "201")): {
+        "GetFirstJob": ("getJob", _FIRST_JOB_ID),
+        "CancelFirstJob": ("cancelJob", _FIRST_JOB_ID),
+    },
+    ("/jobs/{id}", "get", ("200",)): {
+        "CancelJob": ("cancelJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/{id}/cancel", "post", ("200", "202")): {
+        "GetJob": ("getJob", _JOB_ID),
+        "RetryJob": ("retryJob", _JOB_ID),
+    },
+    ("/jobs/{id}/retry", "post", ("200",)): {
+        "GetJob": ("getJob", _JOB_ID),
+        "CancelJob": ("cancelJob", _JOB_ID),
+    },
+    ("/workflows", "post", ("200", "201")): {
+        "GetWorkflow": ("getWorkflow", _JOB_ID),
+        "CancelWorkflow": ("cancelWorkflow", _JOB_ID),
+        "GetFirstNodeJob": ("getJob", _FIRST_NODE_JOB_ID),
+        "CancelFirstNodeJob": ("cancelJob", _FIRST_NODE_JOB_ID),
+    },
+    ("/workflows/{id}/cancel", "post", ("200", "202")): {
+        "GetWorkflow": ("getWorkflow", _JOB_ID),
+    },
+}
+
+
+def _with_links(paths: dict[str, Any]) -> dict[str, Any]:
+    for (path, method, statuses), links in LINKS.items():
+        for status in statuses:
+            response = paths[path][method]["responses"][status]
+            response["links"] = {
+                name: {"operationId": operation, "parameters": {"path.id": expression}}
+                for name, (operation, expression) in links.items()
+            }
+    return paths

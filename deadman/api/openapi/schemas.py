@@ -1,0 +1,317 @@
+"""The components/schemas of the OpenAPI document: what the API answers (written
+here) and what clients submit (generated from deadman.spec, the models that validate it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from deadman.api.openapi.common import (
+    _COUNT,
+    _DATETIME,
+    _DATETIME_OR_NULL,
+    LIVE_STATES,
+    STATES,
+    TERMINAL_STATES,
+    _ref,
+)
+from deadman.api.problems import KINDS, TYPE_PREFIX
+from deadman.bounds import ID_PATTERN
+from deadman.model import AttemptOutcome
+from deadman.spec import BatchSpec, JobSpec, WorkflowSpec
+
+
+def _spec_schemas() -> dict[str, Any]:
+    """What clients submit, generated from deadman.spec: the same models validate the
+    requests, so the document and the server cannot disagree on a bound."""
+    _, top = models_json_schema(
+        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec)],
+        ref_template="#/components/schemas/{model}",
+    )
+    defs: dict[str, Any] = top["$defs"]
+    return {name: _tidy(schema_) for name, schema_ in defs.items()}
+
+
+def _tidy(node: Any) -> Any:
+    """Without pydantic's generated titles, and without null on the fields that refuse
+    it (leaving them out is how a client asks for the default)."""
+    if isinstance(node, list):
+        return [_tidy(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _tidy(v) for k, v in node.items() if k != "title" or not isinstance(v, str)}
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        del out["anyOf"]  # a spec.fields.Maybe field: null is refused
+        out = {**next(o for o in options if o != {"type": "null"}), **out}
+    if out.get("default", 0) is None and ("type" in out or "$ref" in out):
+        del out["default"]
+    return out
+
+
+def _workflow_schemas() -> dict[str, Any]:
+    return {
+        "Workflow": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "pattern": ID_PATTERN},
+                "name": {"type": "string"},
+                "state": {"enum": ["running", "succeeded", "failed", "cancelled"]},
+                "created_at": _DATETIME,
+                "finished_at": _DATETIME_OR_NULL,
+                "nodes": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "job_id": {"type": "string", "pattern": ID_PATTERN},
+                            "state": {"enum": STATES},
+                            "last_error": {"type": ["string", "null"]},
+                        },
+                        "required": ["name", "job_id", "state", "last_error"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "required": ["id", "name", "state", "created_at", "finished_at", "nodes"],
+            "additionalProperties": False,
+        },
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    counts = {
+        "type": "object",
+        "description": "Number of jobs in each state; every state is present.",
+        "properties": {s: _COUNT for s in STATES},
+        "required": STATES,
+        "additionalProperties": False,
+    }
+    return {
+        "Problem": {
+            "type": "object",
+            "description": "RFC 9457 problem details. Dispatch on `type`: "
+            + ", ".join(f"`{TYPE_PREFIX}{k}` ({v[0]})" for k, v in KINDS.items())
+            + ". 422s list every broken field in `errors`.",
+            "properties": {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string"},
+                "errors": {"type": "array", "items": _ref("FieldError")},
+            },
+            "required": ["type", "title", "status", "detail"],
+        },
+        "FieldError": {
+            "type": "object",
+            "properties": {
+                "field": {
+                    "type": "string",
+                    "description": "e.g. `priority`, `backoff.base_ms`, `jobs[3].type`, "
+                    "`payload.items[2]`, `Idempotency-Key`; `body` for the body as a whole.",
+                },
+                "message": {"type": "string"},
+            },
+            "required": ["field", "message"],
+        },
+        "Lease": {
+            "type": "object",
+            "description": "Present while the job is running.",
+            "properties": {
+                "worker": {"type": "string"},
+                "token": {
+                    "type": "string",
+                    "pattern": "^[0-9]+$",
+                    "description": "The fencing token (a bigint, as a string).",
+                },
+                "expires_at": _DATETIME,
+            },
+            "required": ["worker", "token", "expires_at"],
+            "additionalProperties": False,
+        },
+        "Job": {
+            "type": "object",
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "pattern": ID_PATTERN,
+                    "description": "A bigint, as a string (JavaScript loses precision above 2^53).",
+                },
+                "type": {"type": "string"},
+                "queue": {"type": "string"},
+                "priority": {"type": "integer"},
+                "payload": {},
+                "state": {"enum": STATES},
+                "attempt": {"type": "integer", "minimum": 0},
+                "max_attempts": {"type": "integer", "minimum": 1},
+                "run_at": _DATETIME,
+                "created_at": _DATETIME,
+                "started_at": _DATETIME_OR_NULL,
+                "finished_at": _DATETIME_OR_NULL,
+                "last_error": {"type": ["string", "null"]},
+                "idempotency_key": {"type": ["string", "null"]},
+                "lease": {"anyOf": [{"type": "null"}, _ref("Lease")]},
+                "result": {"description": "What the handler returned (any JSON), or null."},
+                "workflow_id": {"type": ["string", "null"], "pattern": ID_PATTERN},
+                "node": {"type": ["string", "null"]},
+                "start_by": _DATETIME_OR_NULL,
+                "deadline": _DATETIME_OR_NULL,
+                "heartbeat_timeout_ms": {"type": ["integer", "null"], "minimum": 1},
+            },
+            "required": [
+                "id",
+                "type",
+                "queue",
+                "priority",
+                "payload",
+                "state",
+                "attempt",
+                "max_attempts",
+                "run_at",
+                "created_at",
+                "started_at",
+                "finished_at",
+                "last_error",
+                "idempotency_key",
+                "lease",
+                "result",
+                "workflow_id",
+                "node",
+                "start_by",
+                "deadline",
+                "heartbeat_timeout_ms",
+            ],
+            "additionalProperties": False,
+        },
+        "JobPage": {
+            "type": "object",
+            "properties": {
+                "jobs": {"type": "array", "items": _ref("Job")},
+                "next_cursor": {
+                    "type": ["string", "null"],
+                    "description": "Pass as `cursor` for the next (older) page; null on the last.",
+                },
+            },
+            "required": ["jobs", "next_cursor"],
+            "additionalProperties": False,
+        },
+        "Jobs": {
+            "type": "object",
+            "properties": {"jobs": {"type": "array", "items": _ref("Job")}},
+            "required": ["jobs"],
+            "additionalProperties": False,
+        },
+        "Attempt": {
+            "type": "object",
+            "properties": {
+                "attempt": {"type": "integer"},
+                "lease_token": {"type": "string", "pattern": "^[0-9]+$"},
+                "worker": {"type": "string"},
+                "started_at": _DATETIME,
+                "finished_at": _DATETIME,
+                "outcome": {"enum": [o.value for o in AttemptOutcome]},
+                "error": {"type": ["string", "null"]},
+            },
+            "required": [
+                "attempt",
+                "lease_token",
+                "worker",
+                "started_at",
+                "finished_at",
+                "outcome",
+                "error",
+            ],
+            "additionalProperties": False,
+        },
+        "Attempts": {
+            "type": "object",
+            "properties": {"attempts": {"type": "array", "items": _ref("Attempt")}},
+            "required": ["attempts"],
+            "additionalProperties": False,
+        },
+        "Counts": counts,
+        "LiveCounts": {
+            "type": "object",
+            "description": "Exact number of unfinished jobs in each unfinished state; "
+            "every such state is present.",
+            "properties": {s: _COUNT for s in LIVE_STATES},
+            "required": LIVE_STATES,
+            "additionalProperties": False,
+        },
+        "Queue": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "paused": {"type": "boolean"},
+                "counts": _ref("LiveCounts"),
+                "oldest_due_age_s": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "description": "Seconds the oldest due (claimable) job has waited; "
+                    "null when no job is due.",
+                },
+            },
+            "required": ["name", "paused", "counts", "oldest_due_age_s"],
+            "additionalProperties": False,
+        },
+        "Queues": {
+            "type": "object",
+            "properties": {"queues": {"type": "array", "items": _ref("Queue")}},
+            "required": ["queues"],
+            "additionalProperties": False,
+        },
+        "Worker": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "hostname": {"type": "string"},
+                "pid": {"type": "integer"},
+                "queues": {"type": "array", "items": {"type": "string"}},
+                "concurrency": {"type": "integer"},
+                "started_at": _DATETIME,
+                "last_heartbeat_at": _DATETIME,
+                "alive": {
+                    "type": "boolean",
+                    "description": "Beat within the lease TTL (DEADMAN_LEASE_TTL_S).",
+                },
+                "jobs_held": {"type": "integer", "minimum": 0},
+            },
+            "required": [
+                "id",
+                "hostname",
+                "pid",
+                "queues",
+                "concurrency",
+                "started_at",
+                "last_heartbeat_at",
+                "alive",
+                "jobs_held",
+            ],
+            "additionalProperties": False,
+        },
+        "Workers": {
+            "type": "object",
+            "properties": {"workers": {"type": "array", "items": _ref("Worker")}},
+            "required": ["workers"],
+            "additionalProperties": False,
+        },
+        "Stats": {
+            "type": "object",
+            "properties": {
+                "jobs": _ref("Counts"),
+                "total": _COUNT,
+                "estimated": {
+                    "type": "array",
+                    "items": {"enum": TERMINAL_STATES},
+                    "description": "The states whose count in `jobs` is an estimate "
+                    "(a finished state with more jobs than the exact-count cap); when "
+                    "non-empty, `total` is an estimate too.",
+                },
+                "queues": {"type": "object", "additionalProperties": _ref("LiveCounts")},
+            },
+            "required": ["jobs", "total", "estimated", "queues"],
+            "additionalProperties": False,
+        },
+    }
