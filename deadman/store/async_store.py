@@ -14,14 +14,7 @@ from deadman.model import (
     Job,
     JobState,
 )
-from deadman.store.batches import (
-    BatchInserted,
-    batch_dependencies,
-    batch_edges,
-    batch_params,
-    batch_verdicts,
-    match_batch,
-)
+from deadman.store import batches
 from deadman.store.jobs import NewJob, deps_verdict
 from deadman.store.leases import LeaseStore
 from deadman.store.maintenance import MaintenanceStore
@@ -44,7 +37,7 @@ class AsyncStore(LeaseStore, MaintenanceStore):
             job.params(default_max_attempts),
             retry_s=None if job.idempotency_key else 0,
         )
-        return Job.from_row(rows[0]) if rows else None
+        return _first_job(rows)
 
     async def _job_insert_with_deps(self, job: NewJob, default_max_attempts: int) -> Job | None:
         """Lock the dependencies, insert the job, insert its edges: one transaction."""
@@ -71,12 +64,10 @@ class AsyncStore(LeaseStore, MaintenanceStore):
                 return Job.from_row(row)
 
     async def job_get(self, job_id: int) -> Job | None:
-        rows = await self._all("job_get", {"id": job_id})
-        return Job.from_row(rows[0]) if rows else None
+        return _first_job(await self._all("job_get", {"id": job_id}))
 
     async def job_get_many(self, ids: Sequence[int]) -> list[Job]:
-        rows = await self._all("job_get_many", {"ids": list(ids)})
-        return [Job.from_row(r) for r in rows]
+        return _jobs(await self._all("job_get_many", {"ids": list(ids)}))
 
     async def job_attempts(self, job_id: int) -> list[DictRow]:
         return await self._all("job_attempts", {"id": job_id})
@@ -84,17 +75,15 @@ class AsyncStore(LeaseStore, MaintenanceStore):
     # -- the HTTP API --------------------------------------------------------------
 
     async def job_get_by_idempotency_key(self, key: str) -> Job | None:
-        rows = await self._all("job_get_by_idempotency_key", {"idempotency_key": key})
-        return Job.from_row(rows[0]) if rows else None
+        return _first_job(await self._all("job_get_by_idempotency_key", {"idempotency_key": key}))
 
     async def job_get_many_by_idempotency_key(self, keys: Sequence[str]) -> list[Job]:
         """The jobs holding any of ``keys`` (one read, the unique key index)."""
-        rows = await self._all("job_get_many_by_idempotency_key", {"keys": list(keys)})
-        return [Job.from_row(r) for r in rows]
+        return _jobs(await self._all("job_get_many_by_idempotency_key", {"keys": list(keys)}))
 
     async def job_insert_many_returning(
         self, jobs: Sequence[NewJob], default_max_attempts: int
-    ) -> BatchInserted:
+    ) -> batches.BatchInserted:
         """Insert ``jobs`` in one transaction: all of them, or none.
 
         A job whose idempotency key is already taken is a replay when the existing
@@ -103,7 +92,7 @@ class AsyncStore(LeaseStore, MaintenanceStore):
         ``mismatched``. Keys must be unique within ``jobs`` (the caller checks).
         """
         keys = [j.idempotency_key for j in jobs if j.idempotency_key is not None]
-        deps = batch_dependencies(jobs)
+        deps = batches.batch_dependencies(jobs)
         # A replayed row deleted by retention between our two statements would look
         # like a reused key; the whole transaction is tried again (then it inserts).
         for _ in range(3):
@@ -112,22 +101,22 @@ class AsyncStore(LeaseStore, MaintenanceStore):
                     verdicts = None
                     if deps:  # lock them first, as job_insert does (job_deps_lock)
                         cur = await conn.execute(QUERIES["job_deps_lock"], {"ids": deps})
-                        verdicts = batch_verdicts(jobs, await cur.fetchall())
-                    params = batch_params(jobs, default_max_attempts, verdicts)
+                        verdicts = batches.batch_verdicts(jobs, await cur.fetchall())
+                    params = batches.batch_params(jobs, default_max_attempts, verdicts)
                     cur = await conn.execute(QUERIES["job_insert_many_returning"], params)
-                    inserted = [Job.from_row(r) for r in await cur.fetchall()]
+                    inserted = _jobs(await cur.fetchall())
                     existing: list[Job] = []
                     if len(inserted) < len(jobs) and keys:
                         cur = await conn.execute(
                             QUERIES["job_get_many_by_idempotency_key"], {"keys": keys}
                         )
-                        existing = [Job.from_row(r) for r in await cur.fetchall()]
-                    result = match_batch(jobs, inserted, existing)
+                        existing = _jobs(await cur.fetchall())
+                    result = batches.match_batch(jobs, inserted, existing)
                     if result.mismatched or result.vanished:
                         raise psycopg.Rollback()  # caught by conn.transaction(): rolled back
                     if deps:
                         await conn.execute(
-                            QUERIES["job_deps_insert_many"], batch_edges(jobs, result)
+                            QUERIES["job_deps_insert_many"], batches.batch_edges(jobs, result)
                         )
             if not result.vanished:
                 return result
@@ -145,11 +134,10 @@ class AsyncStore(LeaseStore, MaintenanceStore):
         with translate():
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["job_list"], params, prepare=False)
-                return [Job.from_row(r) for r in await cur.fetchall()]
+                return _jobs(await cur.fetchall())
 
     async def job_cancel(self, job_id: int) -> Job | None:
-        rows = await self._all("job_cancel", {"id": job_id})
-        return Job.from_row(rows[0]) if rows else None
+        return _first_job(await self._all("job_cancel", {"id": job_id}))
 
     # -- workflows -------------------------------------------------------------------
 
@@ -182,15 +170,14 @@ class AsyncStore(LeaseStore, MaintenanceStore):
                 if row is None:
                     return None
                 cur = await conn.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
-                return row, [Job.from_row(r) for r in await cur.fetchall()]
+                return row, _jobs(await cur.fetchall())
 
     async def workflow_cancel(self, workflow_id: int) -> list[DictRow]:
         """Cancel the unfinished nodes; returns (id, state) of those it touched."""
         return await self._all("workflow_cancel", {"id": workflow_id})
 
     async def job_retry(self, job_id: int) -> Job | None:
-        rows = await self._all("job_retry", {"id": job_id})
-        return Job.from_row(rows[0]) if rows else None
+        return _first_job(await self._all("job_retry", {"id": job_id}))
 
     async def job_retry_refusal(self, job_id: int) -> str | None:
         """Why job_retry returned nothing, in words; None when there is no such job."""
@@ -257,3 +244,12 @@ class AsyncStore(LeaseStore, MaintenanceStore):
         rows = await self._all("schema_version_get", {})
         version = rows[0]["version"] if rows else None
         return None if version is None else int(version)
+
+
+def _first_job(rows: Sequence[DictRow]) -> Job | None:
+    """The statement's one row as a job; None when it matched no row."""
+    return Job.from_row(rows[0]) if rows else None
+
+
+def _jobs(rows: Sequence[DictRow]) -> list[Job]:
+    return [Job.from_row(r) for r in rows]
