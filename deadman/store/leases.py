@@ -1,4 +1,6 @@
-"""The worker's lease lifecycle as parameters: claim, heartbeat, finish."""
+"""The worker's lease lifecycle as parameters: claim, heartbeat, finish; each
+parameter object stands above the function that turns it into its query's
+placeholders, so a field added to one is seen missing from the other."""
 
 from __future__ import annotations
 
@@ -32,6 +34,23 @@ class ClaimParams:
     quarantine_at: int = 5
 
 
+def claim_params(p: ClaimParams) -> dict[str, Any]:
+    return {
+        "queue": p.queue,
+        "worker": p.worker,
+        "limit": p.limit,
+        "ttl_ms": p.ttl_ms,
+        "quarantine_at": p.quarantine_at,
+    }
+
+
+def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
+    """job_claim_quarantined's: claim_params without the limit (it claims one)."""
+    params = claim_params(p)
+    del params["limit"]
+    return params
+
+
 @dataclass(frozen=True)
 class Finish:
     """How one attempt ended, as the worker reports it (fenced by ``token``)."""
@@ -46,17 +65,6 @@ class Finish:
 
     def __post_init__(self) -> None:
         check_transition(JobState.RUNNING, self.state)
-
-
-@dataclass(frozen=True)
-class HeartbeatParams:
-    worker: str
-    hostname: str
-    pid: int
-    queues: Sequence[str]
-    concurrency: int
-    ttl_ms: int
-    leases: Sequence[tuple[int, int]]  # (job id, lease token)
 
 
 #: How long a handler's transaction may sit idle after its fenced completion before
@@ -92,21 +100,15 @@ def _storable(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def claim_params(p: ClaimParams) -> dict[str, Any]:
-    return {
-        "queue": p.queue,
-        "worker": p.worker,
-        "limit": p.limit,
-        "ttl_ms": p.ttl_ms,
-        "quarantine_at": p.quarantine_at,
-    }
-
-
-def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
-    """job_claim_quarantined's: claim_params without the limit (it claims one)."""
-    params = claim_params(p)
-    del params["limit"]
-    return params
+@dataclass(frozen=True)
+class HeartbeatParams:
+    worker: str
+    hostname: str
+    pid: int
+    queues: Sequence[str]
+    concurrency: int
+    ttl_ms: int
+    leases: Sequence[tuple[int, int]]  # (job id, lease token)
 
 
 def heartbeat_params(p: HeartbeatParams) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The maintenance services' statements (rescuer, expirer, cleaner), their parameters
-and results, and the transaction that holds maintenance leadership."""
+(each above the function that turns it into its query's placeholders) and results,
+and the transaction that holds maintenance leadership."""
 
 from __future__ import annotations
 
@@ -37,11 +38,23 @@ def quarantine_at(max_rescues: int) -> int:
     return max(max_rescues, 1)
 
 
+def _rescue_args(p: RescueParams) -> dict[str, Any]:
+    return {"max_rescues": p.max_rescues, "quarantine_at": p.quarantine_at, "limit": p.limit}
+
+
 @dataclass(frozen=True)
 class PruneParams:
     succeeded_ms: int
     failed_ms: int
     limit: int = 1000
+
+
+def _prune_args(p: PruneParams) -> dict[str, Any]:
+    return {"succeeded_ms": p.succeeded_ms, "failed_ms": p.failed_ms, "limit": p.limit}
+
+
+def _workflow_prune_args(p: PruneParams) -> dict[str, Any]:
+    return {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit}
 
 
 @dataclass(frozen=True)
@@ -66,18 +79,6 @@ class Rescued:
             int(r.get("lease_token") or 0),
             r.get("lease_worker") or "",
         )
-
-
-def _rescue_args(p: RescueParams) -> dict[str, Any]:
-    return {"max_rescues": p.max_rescues, "quarantine_at": p.quarantine_at, "limit": p.limit}
-
-
-def _prune_args(p: PruneParams) -> dict[str, Any]:
-    return {"succeeded_ms": p.succeeded_ms, "failed_ms": p.failed_ms, "limit": p.limit}
-
-
-def _workflow_prune_args(p: PruneParams) -> dict[str, Any]:
-    return {"keep_ms": max(p.succeeded_ms, p.failed_ms), "limit": p.limit}
 
 
 class Cleaning:
