@@ -8,7 +8,7 @@ roll back. That is the transactional-outbox pattern without an outbox table.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
@@ -66,13 +66,19 @@ class _Keyed(Protocol):
 
 
 K = TypeVar("K", bound=_Keyed)
+R = TypeVar("R")
 
 
-def _replay(key: str, existing: K | None, wanted_hash: str, what: str) -> K:
-    """The row a taken key already made, if it was made from the same request."""
+def _replay(request: NewJob | NewWorkflow, find: Callable[[str], K | None]) -> K:
+    """The row a taken key already made, if it was made from the same request (an
+    insert makes nothing only on a key conflict)."""
+    key = request.idempotency_key
+    assert key is not None
+    what = "job" if isinstance(request, NewJob) else "workflow"
+    existing = find(key)
     if existing is None:  # pragma: no cover - the row was pruned in between
         raise DuplicateKey(f"idempotency key {key!r} is in use")
-    if existing.request_hash != wanted_hash:
+    if existing.request_hash != request.request_hash():
         raise DuplicateKey(
             f"idempotency key {key!r} was used for a different {what} request "
             f"({what} {existing.id})"
@@ -170,18 +176,18 @@ class Client:
         return self._send(self.job(type, payload, **options), conn)
 
     def _send(self, new: NewJob, conn: SyncConn | None) -> Job:
+        return self._on(conn, lambda c: self._enqueue_on(c, new))
+
+    def _on(self, conn: SyncConn | None, work: Callable[[SyncConn], R]) -> R:
+        """``work`` on the caller's connection (their transaction), else on ours."""
         if conn is not None:
-            return self._enqueue_on(conn, new)
+            return work(conn)
         with self._get_pool().connection() as own:
-            return self._enqueue_on(own, new)
+            return work(own)
 
     def _enqueue_on(self, conn: SyncConn, new: NewJob) -> Job:
         job = self._store.job_insert(conn, new, self.settings.max_attempts)
-        if job is not None:
-            return job
-        assert new.idempotency_key is not None  # only a key conflict inserts nothing
-        existing = self._store.job_get_by_idempotency_key(conn, new.idempotency_key)
-        return _replay(new.idempotency_key, existing, new.request_hash(), "job")
+        return job or _replay(new, lambda key: self._store.job_get_by_idempotency_key(conn, key))
 
     def enqueue_many(self, jobs: Iterable[NewJob], *, conn: SyncConn | None = None) -> list[int]:
         """Enqueue many jobs with COPY in one transaction; returns the new ids in order.
@@ -225,23 +231,16 @@ class Client:
             edges=tuple(edges),
             idempotency_key=idempotency_key,
         )
-        if conn is not None:
-            return self._workflow_on(conn, wf)
-        with self._get_pool().connection() as own:
-            return self._workflow_on(own, wf)
+        return self._on(conn, lambda c: self._workflow_on(c, wf))
 
     def _workflow_on(self, conn: SyncConn, wf: NewWorkflow) -> Workflow:
-        created = self._store.workflow_insert(conn, wf, self.settings.max_attempts)
-        if created is not None:
-            return created
-        assert wf.idempotency_key is not None  # only a key conflict inserts nothing
-        existing = self._store.workflow_get_by_idempotency_key(conn, wf.idempotency_key)
-        return _replay(wf.idempotency_key, existing, wf.request_hash(), "workflow")
+        made = self._store.workflow_insert(conn, wf, self.settings.max_attempts)
+        return made or _replay(
+            wf, lambda key: self._store.workflow_get_by_idempotency_key(conn, key)
+        )
 
     def get_workflow(self, workflow_id: int) -> Workflow | None:
-        with self._get_pool().connection() as conn:
-            return self._store.workflow_get(conn, workflow_id)
+        return self._on(None, lambda c: self._store.workflow_get(c, workflow_id))
 
     def get(self, job_id: int) -> Job | None:
-        with self._get_pool().connection() as conn:
-            return self._store.job_get(conn, job_id)
+        return self._on(None, lambda c: self._store.job_get(c, job_id))

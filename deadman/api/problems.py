@@ -44,21 +44,28 @@ RETRY_AFTER_QUEUE_FULL_S = 5
 
 #: slug -> (status, title). The slugs are the tail of ``type``; documented in openapi.py.
 KINDS: dict[str, tuple[int, str]] = {
-    "malformed-json": (400, "Malformed JSON"),
-    "unauthorized": (401, "Unauthorized"),
-    "not-found": (404, "Not Found"),
-    "method-not-allowed": (405, "Method Not Allowed"),
-    "conflict": (409, "Conflict"),
-    "content-too-large": (413, "Content Too Large"),
-    "unsupported-media-type": (415, "Unsupported Media Type"),
-    "validation": (422, "Validation Failed"),
-    "idempotency-key-reused": (422, "Idempotency Key Reused"),
-    "queue-full": (429, "Queue Full"),
-    "internal": (500, "Internal Server Error"),
-    "database-unavailable": (503, "Database Unavailable"),
-    "not-ready": (503, "Not Ready"),
-    "http": (400, "Bad Request"),  # any other HTTP-level error; title from the status
+    slug: (int(status), title.strip())
+    for slug, status, title in (
+        line.split(maxsplit=2)
+        for line in """
+        malformed-json          400 Malformed JSON
+        unauthorized            401 Unauthorized
+        not-found               404 Not Found
+        method-not-allowed      405 Method Not Allowed
+        conflict                409 Conflict
+        content-too-large       413 Content Too Large
+        unsupported-media-type  415 Unsupported Media Type
+        validation              422 Validation Failed
+        idempotency-key-reused  422 Idempotency Key Reused
+        queue-full              429 Queue Full
+        internal                500 Internal Server Error
+        database-unavailable    503 Database Unavailable
+        not-ready               503 Not Ready
+        http                    400 Bad Request
+        """.strip().splitlines()
+    )
 }
+#: "http" is any other HTTP-level error; its title comes from the status
 
 
 class Problem(Exception):

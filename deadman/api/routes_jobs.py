@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from deadman.api.limits import check_queue_depth
 from deadman.api.problems import Problem, validation
 from deadman.api.serialize import attempt_json, job_json
 from deadman.api.state import api_state
-from deadman.model import JobState
+from deadman.model import Job, JobState
 from deadman.store import UnknownDependency
 
 
@@ -96,14 +97,14 @@ async def cancel_job(request: Request) -> Response:
     """200 cancelled at once; 202 running, cancellation requested; 409 finished."""
     store = api_state(request).store
     job_id = schema.parse_job_id(request.path_params["id"])
-    job = await store.job_cancel(job_id)
-    if job is None:
+
+    async def refusal() -> str | None:
         current = await store.job_get(job_id)
         if current is None:
-            raise Problem("not-found", f"no job {job_id}")
-        raise Problem(
-            "conflict", f"job {job_id} already finished ({current.state.value}); nothing to cancel"
-        )
+            return None
+        return f"job {job_id} already finished ({current.state.value}); nothing to cancel"
+
+    job = await _acted(await store.job_cancel(job_id), job_id, refusal)
     return JSONResponse(job_json(job), 202 if job.state is JobState.RUNNING else 200)
 
 
@@ -113,13 +114,21 @@ async def retry_job(request: Request) -> Response:
     dependency is dead or cancelled."""
     store = api_state(request).store
     job_id = schema.parse_job_id(request.path_params["id"])
-    job = await store.job_retry(job_id)
-    if job is None:
-        refusal = await store.job_retry_refusal(job_id)
-        if refusal is None:
-            raise Problem("not-found", f"no job {job_id}")
-        raise Problem("conflict", refusal)
+    job = await _acted(
+        await store.job_retry(job_id), job_id, lambda: store.job_retry_refusal(job_id)
+    )
     return JSONResponse(job_json(job))
+
+
+async def _acted(job: Job | None, job_id: int, refusal: Callable[[], Awaitable[str | None]]) -> Job:
+    """The job an action changed; else 404, or 409 with the reason (None: no such job).
+    The reason is read after the action found nothing to do, never before it."""
+    if job is not None:
+        return job
+    reason = await refusal()
+    if reason is None:
+        raise Problem("not-found", f"no job {job_id}")
+    raise Problem("conflict", reason)
 
 
 async def jobs(request: Request) -> Response:

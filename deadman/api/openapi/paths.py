@@ -3,6 +3,7 @@ answers, and the links between operations that the stateful schemathesis run wal
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from deadman.api import schema
@@ -335,38 +336,36 @@ def _paths() -> dict[str, Any]:
 _JOB_ID = "$response.body#/id"
 _FIRST_JOB_ID = "$response.body#/jobs/0/id"
 _FIRST_NODE_JOB_ID = "$response.body#/nodes/0/job_id"
-LINKS: dict[tuple[str, str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
-    ("/jobs", "post", ("200", "201")): {
-        "GetJob": ("getJob", _JOB_ID),
-        "GetJobAttempts": ("getJobAttempts", _JOB_ID),
-        "CancelJob": ("cancelJob", _JOB_ID),
-        "RetryJob": ("retryJob", _JOB_ID),
+Links = dict[str, tuple[str, str]]
+
+
+def _links(expression: str, *operations: str, infix: str = "") -> Links:
+    """Links to ``operations`` taking the id at ``expression``; each named after its
+    operation, ``infix`` after the verb: cancelJob -> CancelJob, or CancelFirstJob."""
+    named: Links = {}
+    for op in operations:
+        verb = re.match(r"[a-z]+", op)
+        assert verb is not None
+        name = op[: verb.end()].capitalize() + infix + op[verb.end() :]
+        named[name] = (op, expression)
+    return named
+
+
+_CREATED = ("200", "201")
+_CHANGED = ("200", "202")
+LINKS: dict[tuple[str, str, tuple[str, ...]], Links] = {
+    ("/jobs", "post", _CREATED): _links(
+        _JOB_ID, "getJob", "getJobAttempts", "cancelJob", "retryJob"
+    ),
+    ("/jobs/batch", "post", _CREATED): _links(_FIRST_JOB_ID, "getJob", "cancelJob", infix="First"),
+    ("/jobs/{id}", "get", ("200",)): _links(_JOB_ID, "cancelJob", "retryJob"),
+    ("/jobs/{id}/cancel", "post", _CHANGED): _links(_JOB_ID, "getJob", "retryJob"),
+    ("/jobs/{id}/retry", "post", ("200",)): _links(_JOB_ID, "getJob", "cancelJob"),
+    ("/workflows", "post", _CREATED): {
+        **_links(_JOB_ID, "getWorkflow", "cancelWorkflow"),
+        **_links(_FIRST_NODE_JOB_ID, "getJob", "cancelJob", infix="FirstNode"),
     },
-    ("/jobs/batch", "post", ("200", "201")): {
-        "GetFirstJob": ("getJob", _FIRST_JOB_ID),
-        "CancelFirstJob": ("cancelJob", _FIRST_JOB_ID),
-    },
-    ("/jobs/{id}", "get", ("200",)): {
-        "CancelJob": ("cancelJob", _JOB_ID),
-        "RetryJob": ("retryJob", _JOB_ID),
-    },
-    ("/jobs/{id}/cancel", "post", ("200", "202")): {
-        "GetJob": ("getJob", _JOB_ID),
-        "RetryJob": ("retryJob", _JOB_ID),
-    },
-    ("/jobs/{id}/retry", "post", ("200",)): {
-        "GetJob": ("getJob", _JOB_ID),
-        "CancelJob": ("cancelJob", _JOB_ID),
-    },
-    ("/workflows", "post", ("200", "201")): {
-        "GetWorkflow": ("getWorkflow", _JOB_ID),
-        "CancelWorkflow": ("cancelWorkflow", _JOB_ID),
-        "GetFirstNodeJob": ("getJob", _FIRST_NODE_JOB_ID),
-        "CancelFirstNodeJob": ("cancelJob", _FIRST_NODE_JOB_ID),
-    },
-    ("/workflows/{id}/cancel", "post", ("200", "202")): {
-        "GetWorkflow": ("getWorkflow", _JOB_ID),
-    },
+    ("/workflows/{id}/cancel", "post", _CHANGED): _links(_JOB_ID, "getWorkflow"),
 }
 
 

@@ -22,6 +22,16 @@ from deadman.model import AttemptOutcome
 from deadman.spec import BatchSpec, JobSpec, WorkflowSpec
 
 
+def _list_of(key: str, item: str) -> dict[str, Any]:
+    """``{key: [item, ...]}``, nothing else."""
+    return {
+        "type": "object",
+        "properties": {key: {"type": "array", "items": _ref(item)}},
+        "required": [key],
+        "additionalProperties": False,
+    }
+
+
 def _spec_schemas() -> dict[str, Any]:
     """What clients submit, generated from deadman.spec: the same models validate the
     requests, so the document and the server cannot disagree on a bound."""
@@ -197,12 +207,7 @@ def _schemas() -> dict[str, Any]:
             "required": ["jobs", "next_cursor"],
             "additionalProperties": False,
         },
-        "Jobs": {
-            "type": "object",
-            "properties": {"jobs": {"type": "array", "items": _ref("Job")}},
-            "required": ["jobs"],
-            "additionalProperties": False,
-        },
+        "Jobs": _list_of("jobs", "Job"),
         "Attempt": {
             "type": "object",
             "properties": {
@@ -225,12 +230,7 @@ def _schemas() -> dict[str, Any]:
             ],
             "additionalProperties": False,
         },
-        "Attempts": {
-            "type": "object",
-            "properties": {"attempts": {"type": "array", "items": _ref("Attempt")}},
-            "required": ["attempts"],
-            "additionalProperties": False,
-        },
+        "Attempts": _list_of("attempts", "Attempt"),
         "Counts": counts,
         "LiveCounts": {
             "type": "object",
@@ -256,12 +256,7 @@ def _schemas() -> dict[str, Any]:
             "required": ["name", "paused", "counts", "oldest_due_age_s"],
             "additionalProperties": False,
         },
-        "Queues": {
-            "type": "object",
-            "properties": {"queues": {"type": "array", "items": _ref("Queue")}},
-            "required": ["queues"],
-            "additionalProperties": False,
-        },
+        "Queues": _list_of("queues", "Queue"),
         "Worker": {
             "type": "object",
             "properties": {
@@ -291,12 +286,7 @@ def _schemas() -> dict[str, Any]:
             ],
             "additionalProperties": False,
         },
-        "Workers": {
-            "type": "object",
-            "properties": {"workers": {"type": "array", "items": _ref("Worker")}},
-            "required": ["workers"],
-            "additionalProperties": False,
-        },
+        "Workers": _list_of("workers", "Worker"),
         "Stats": {
             "type": "object",
             "properties": {
