@@ -29,9 +29,6 @@ class BatchInserted:
     vanished: tuple[int, ...] = ()
 
 
-#: The most nodes and edges one workflow may have.
-
-
 def batch_params(
     jobs: Sequence[NewJob],
     default_max_attempts: int,
