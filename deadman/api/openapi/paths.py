@@ -21,6 +21,29 @@ from deadman.api.openapi.common import (
 from deadman.bounds import ID_PATTERN
 from deadman.store import FINISHED_COUNT_CAP
 
+#: the shared error responses of each kind of operation
+_READ = ("Unauthorized", "Unavailable")
+_FOUND_OR_NOT = ("Unauthorized", "NotFound", "Unavailable")
+_ACTION = ("Unauthorized", "NotFound", "Conflict", "Unavailable")
+_BY_NAME = ("Unauthorized", "Unprocessable", "Unavailable")
+
+
+def _op(
+    operation_id: str,
+    summary: str,
+    ok: dict[str, Any],
+    *errors: str,
+    **more: Any,
+) -> dict[str, Any]:
+    """One operation: its id, summary, answers on success and the shared error
+    responses it may give (``_responses``); ``more``: description, parameters, ..."""
+    return {
+        "operationId": operation_id,
+        "summary": summary,
+        **more,
+        "responses": {**ok, **_responses(*errors)},
+    }
+
 
 def _workflow_paths() -> dict[str, Any]:
     wf = _ref("Workflow")
@@ -45,29 +68,27 @@ def _workflow_paths() -> dict[str, Any]:
             }
         },
         "/workflows/{id}": {
-            "get": {
-                "operationId": "getWorkflow",
-                "summary": "A workflow's state and each node's state",
-                "parameters": [wf_id],
-                "responses": {
-                    "200": _json(wf, "The workflow."),
-                    **_responses("Unauthorized", "NotFound", "Unavailable"),
-                },
-            }
+            "get": _op(
+                "getWorkflow",
+                "A workflow's state and each node's state",
+                {"200": _json(wf, "The workflow.")},
+                *_FOUND_OR_NOT,
+                parameters=[wf_id],
+            )
         },
         "/workflows/{id}/cancel": {
-            "post": {
-                "operationId": "cancelWorkflow",
-                "summary": "Cancel every unfinished node",
-                "description": "200 when the workflow is finished (now or before); 202 "
-                "while running nodes are being told to stop.",
-                "parameters": [wf_id],
-                "responses": {
+            "post": _op(
+                "cancelWorkflow",
+                "Cancel every unfinished node",
+                {
                     "200": _json(wf, "Finished."),
                     "202": _json(wf, "Cancellation requested from running nodes."),
-                    **_responses("Unauthorized", "NotFound", "Unavailable"),
                 },
-            }
+                *_FOUND_OR_NOT,
+                description="200 when the workflow is finished (now or before); 202 "
+                "while running nodes are being told to stop.",
+                parameters=[wf_id],
+            )
         },
     }
 
@@ -88,12 +109,14 @@ def _paths() -> dict[str, Any]:
                 "key lives as long as its job.",
                 **_keyed_create("JobSpec", "Job", "/jobs/{id}", "job"),
             },
-            "get": {
-                "operationId": "listJobs",
-                "summary": "List jobs, newest first",
-                "description": "Keyset pagination: pass `next_cursor` back as `cursor`. Each "
+            "get": _op(
+                "listJobs",
+                "List jobs, newest first",
+                {"200": _json(_ref("JobPage"), "A page of jobs.")},
+                *_BY_NAME,
+                description="Keyset pagination: pass `next_cursor` back as `cursor`. Each "
                 "filter is served by an index, whatever the table size.",
-                "parameters": [
+                parameters=[
                     {"name": "state", "in": "query", "schema": {"enum": STATES}},
                     {"name": "type", "in": "query", "schema": _NAME},
                     {"name": "queue", "in": "query", "schema": _NAME},
@@ -114,159 +137,138 @@ def _paths() -> dict[str, Any]:
                         "schema": {"type": "string", "pattern": ID_PATTERN},
                     },
                 ],
-                "responses": {
-                    "200": _json(_ref("JobPage"), "A page of jobs."),
-                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
-                },
-            },
+            ),
         },
         "/jobs/batch": {
-            "post": {
-                "operationId": "createJobs",
-                "summary": "Submit up to 1000 jobs, all or none",
-                "description": "One transaction. Items may carry `idempotency_key` (the "
-                "Idempotency-Key header is refused here): a replayed item returns its "
-                "existing job; a key used for a different request fails the whole batch "
-                "(422, nothing created). 201 if any job was created; 200 with "
-                "`Idempotent-Replayed: true` if all were replays. With "
-                "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("BatchSpec")}},
-                },
-                "responses": {
+            "post": _op(
+                "createJobs",
+                "Submit up to 1000 jobs, all or none",
+                {
                     "201": _json(_ref("Jobs"), "Created (in request order)."),
                     "200": _json(
                         _ref("Jobs"),
                         "Every item was a replay.",
                         **{"Idempotent-Replayed": replayed},
                     ),
-                    **_responses(*_CREATE_ERRORS),
                 },
-            }
+                *_CREATE_ERRORS,
+                description="One transaction. Items may carry `idempotency_key` (the "
+                "Idempotency-Key header is refused here): a replayed item returns its "
+                "existing job; a key used for a different request fails the whole batch "
+                "(422, nothing created). 201 if any job was created; 200 with "
+                "`Idempotent-Replayed: true` if all were replays. With "
+                "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("BatchSpec")}},
+                },
+            )
         },
         "/jobs/{id}": {
-            "get": {
-                "operationId": "getJob",
-                "summary": "One job",
-                "parameters": [_job_id_param()],
-                "responses": {
-                    "200": _json(job, "The job."),
-                    **_responses("Unauthorized", "NotFound", "Unavailable"),
-                },
-            }
+            "get": _op(
+                "getJob",
+                "One job",
+                {"200": _json(job, "The job.")},
+                *_FOUND_OR_NOT,
+                parameters=[_job_id_param()],
+            )
         },
         "/jobs/{id}/attempts": {
-            "get": {
-                "operationId": "getJobAttempts",
-                "summary": "A job's ended attempts, oldest first",
-                "description": "A running attempt is not listed yet: it is the job's lease.",
-                "parameters": [_job_id_param()],
-                "responses": {
-                    "200": _json(_ref("Attempts"), "The history."),
-                    **_responses("Unauthorized", "NotFound", "Unavailable"),
-                },
-            }
+            "get": _op(
+                "getJobAttempts",
+                "A job's ended attempts, oldest first",
+                {"200": _json(_ref("Attempts"), "The history.")},
+                *_FOUND_OR_NOT,
+                description="A running attempt is not listed yet: it is the job's lease.",
+                parameters=[_job_id_param()],
+            )
         },
         "/jobs/{id}/cancel": {
-            "post": {
-                "operationId": "cancelJob",
-                "summary": "Cancel a job",
-                "description": "Not yet running: cancelled at once (200). Running: 202, "
+            "post": _op(
+                "cancelJob",
+                "Cancel a job",
+                {
+                    "200": _json(job, "Cancelled."),
+                    "202": _json(job, "Running; cancellation requested."),
+                },
+                *_ACTION,
+                description="Not yet running: cancelled at once (200). Running: 202, "
                 "cancellation requested; the worker hears it at once by NOTIFY (or at its "
                 "next heartbeat at the latest) and stops the handler. Already finished "
                 "(a handler that completed first stays succeeded): 409.",
-                "parameters": [_job_id_param()],
-                "responses": {
-                    "200": _json(job, "Cancelled."),
-                    "202": _json(job, "Running; cancellation requested."),
-                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
-                },
-            }
+                parameters=[_job_id_param()],
+            )
         },
         "/jobs/{id}/retry": {
-            "post": {
-                "operationId": "retryJob",
-                "summary": "Replay a dead or cancelled job",
-                "description": "Back to queued, due now, with a fresh set of attempts; the "
+            "post": _op(
+                "retryJob",
+                "Replay a dead or cancelled job",
+                {"200": _json(job, "Queued again.")},
+                *_ACTION,
+                description="Back to queued, due now, with a fresh set of attempts; the "
                 "attempt history is kept. Any other state: 409.",
-                "parameters": [_job_id_param()],
-                "responses": {
-                    "200": _json(job, "Queued again."),
-                    **_responses("Unauthorized", "NotFound", "Conflict", "Unavailable"),
-                },
-            }
+                parameters=[_job_id_param()],
+            )
         },
         "/queues": {
-            "get": {
-                "operationId": "listQueues",
-                "summary": "Queues with their unfinished jobs by state",
-                "description": "Every queue with unfinished jobs or that was "
+            "get": _op(
+                "listQueues",
+                "Queues with their unfinished jobs by state",
+                {"200": _json(_ref("Queues"), "The queues, by name.")},
+                *_READ,
+                description="Every queue with unfinished jobs or that was "
                 "paused/resumed. Counts are exact and read only unfinished rows, so they "
                 "cost in proportion to the backlog, not to the finished jobs retention "
                 "keeps; finished jobs are counted in total by GET /stats.",
-                "responses": {
-                    "200": _json(_ref("Queues"), "The queues, by name."),
-                    **_responses("Unauthorized", "Unavailable"),
-                },
-            }
+            )
         },
         "/queues/{name}/pause": {
-            "post": {
-                "operationId": "pauseQueue",
-                "summary": "Stop workers claiming from a queue",
-                "description": "Running jobs finish; submissions are still accepted. A "
+            "post": _op(
+                "pauseQueue",
+                "Stop workers claiming from a queue",
+                {"200": _json(_ref("Queue"), "Paused.")},
+                *_BY_NAME,
+                description="Running jobs finish; submissions are still accepted. A "
                 "queue can be paused before it has jobs.",
-                "parameters": [_queue_name_param()],
-                "responses": {
-                    "200": _json(_ref("Queue"), "Paused."),
-                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
-                },
-            }
+                parameters=[_queue_name_param()],
+            )
         },
         "/queues/{name}/resume": {
-            "post": {
-                "operationId": "resumeQueue",
-                "summary": "Let workers claim from a queue again",
-                "parameters": [_queue_name_param()],
-                "responses": {
-                    "200": _json(_ref("Queue"), "Resumed."),
-                    **_responses("Unauthorized", "Unprocessable", "Unavailable"),
-                },
-            }
+            "post": _op(
+                "resumeQueue",
+                "Let workers claim from a queue again",
+                {"200": _json(_ref("Queue"), "Resumed.")},
+                *_BY_NAME,
+                parameters=[_queue_name_param()],
+            )
         },
         "/workers": {
-            "get": {
-                "operationId": "listWorkers",
-                "summary": "Registered workers, their last heartbeat and jobs held",
-                "responses": {
-                    "200": _json(_ref("Workers"), "The workers, by id."),
-                    **_responses("Unauthorized", "Unavailable"),
-                },
-            }
+            "get": _op(
+                "listWorkers",
+                "Registered workers, their last heartbeat and jobs held",
+                {"200": _json(_ref("Workers"), "The workers, by id.")},
+                *_READ,
+            )
         },
         "/stats": {
-            "get": {
-                "operationId": "getStats",
-                "summary": "Job counts by state in total, unfinished ones per queue",
-                "description": "Unfinished states are exact (as GET /queues). Finished "
+            "get": _op(
+                "getStats",
+                "Job counts by state in total, unfinished ones per queue",
+                {"200": _json(_ref("Stats"), "The counts.")},
+                *_READ,
+                description="Unfinished states are exact (as GET /queues). Finished "
                 f"states (succeeded, dead, cancelled) are counted exactly up to "
                 f"{FINISHED_COUNT_CAP} each "
                 "and estimated beyond (pg_class.reltuples x pg_stats frequency, as fresh "
                 "as the last ANALYZE): `estimated` names those states. Never scans the "
                 "table, however many finished jobs it holds.",
-                "responses": {
-                    "200": _json(_ref("Stats"), "The counts."),
-                    **_responses("Unauthorized", "Unavailable"),
-                },
-            }
+            )
         },
         "/health": {
-            "get": {
-                "operationId": "health",
-                "summary": "The process is up (no auth, no database)",
-                "security": [],
-                "responses": {
+            "get": _op(
+                "health",
+                "The process is up (no auth, no database)",
+                {
                     "200": _json(
                         {
                             "type": "object",
@@ -276,13 +278,14 @@ def _paths() -> dict[str, Any]:
                         "Up.",
                     )
                 },
-            }
+                security=[],
+            )
         },
         "/ready": {
-            "get": {
-                "operationId": "ready",
-                "summary": "The database answers and its schema is current",
-                "responses": {
+            "get": _op(
+                "ready",
+                "The database answers and its schema is current",
+                {
                     "200": _json(
                         {
                             "type": "object",
@@ -293,37 +296,35 @@ def _paths() -> dict[str, Any]:
                             "required": ["status", "schema_version"],
                         },
                         "Ready.",
-                    ),
-                    **_responses("Unauthorized", "Unavailable"),
+                    )
                 },
-            }
+                *_READ,
+            )
         },
         "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "summary": "Prometheus metrics",
-                "description": "This process's metrics, plus `deadman_jobs{queue,state}` "
-                "gauges counted at scrape time (the cost note of GET /queues applies: "
-                "scrape every 15 s or more, not every second) and "
-                "`deadman_api_database_up`. A database outage does not fail the scrape.",
-                "responses": {
+            "get": _op(
+                "metrics",
+                "Prometheus metrics",
+                {
                     "200": {
                         "description": "Prometheus text format.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    },
-                    **_responses("Unauthorized"),
+                    }
                 },
-            }
+                "Unauthorized",
+                description="This process's metrics, plus `deadman_jobs{queue,state}` "
+                "gauges counted at scrape time (the cost note of GET /queues applies: "
+                "scrape every 15 s or more, not every second) and "
+                "`deadman_api_database_up`. A database outage does not fail the scrape.",
+            )
         },
         "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "summary": "This document",
-                "responses": {
-                    "200": _json({"type": "object"}, "OpenAPI 3.1."),
-                    **_responses("Unauthorized"),
-                },
-            }
+            "get": _op(
+                "openapi",
+                "This document",
+                {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
+                "Unauthorized",
+            )
         },
     }
 
