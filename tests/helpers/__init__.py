@@ -1,7 +1,8 @@
 """Helpers shared by the test suites, by role: ``api`` (a served app and its clients),
 ``worker`` (a Worker in a thread, its test handlers), ``workflows`` (graphs built by
-hand), ``plans`` (EXPLAIN on a seeded copy). ``wait_for`` lives here: the only way a
-test waits. Import as ``from tests.helpers import wait_for``."""
+hand), ``plans`` (EXPLAIN on a seeded copy), ``processes`` (real deadman processes for
+the acceptance tests). Test modules import from here, never from one another.
+``wait_for`` and ``wait_for_async`` live here: the only ways a test waits."""
 
 from __future__ import annotations
 
