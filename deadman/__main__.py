@@ -1,3 +1,5 @@
+"""``python -m deadman``: the ``deadman`` command."""
+
 from __future__ import annotations
 
 from deadman.cli import main
