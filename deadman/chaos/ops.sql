@@ -153,8 +153,12 @@ FROM STDIN;
 -- name: operators_clock
 -- Read just before and just after every operator action: the database clock, and the
 -- last lease token handed out (a sequence's last_value is read outside any snapshot:
--- every claim that drew a token before this read drew one no larger).
-SELECT now() AS now, last_value AS token FROM deadman.lease_token_seq;
+-- every claim that drew a token before this read drew one no larger). Before the first
+-- claim, last_value is already the start value (1) with is_called false: no token was
+-- handed out yet, so the answer is 0 (else the first claim, token 1, would look older
+-- than an action taken before it).
+SELECT now() AS now, CASE WHEN is_called THEN last_value ELSE 0 END AS token
+FROM deadman.lease_token_seq;
 
 -- name: operators_unfinished
 -- The operators scenario drains until no job and no workflow is unfinished.
