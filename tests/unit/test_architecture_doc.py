@@ -2,7 +2,8 @@
 first sentence of the module's own docstring, so the page cannot go stale: a module
 added, removed or re-described without the page fails here.
 
-After such a change: ``DEADMAN_WRITE_ARCHITECTURE=1 .venv/bin/pytest tests/unit/test_architecture_doc.py``.
+After such a change, regenerate it:
+``DEADMAN_WRITE_ARCHITECTURE=1 .venv/bin/pytest tests/unit/test_architecture_doc.py``.
 """
 
 from __future__ import annotations
