@@ -113,3 +113,12 @@ def validated(check: Callable[[str], str]) -> Callable[[str], str]:
 def shown(value: str, width: int = 40) -> str:
     """A value as an error message may quote it: escaped and cut short."""
     return repr(value if len(value) <= width else value[:width] + "...")
+
+
+def integer_text(text: str) -> int:
+    """An ASCII integer of any size the spec may then refuse (argparse's int() would
+    take other scripts' digits and 5,000-digit numbers)."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer")
+    return int(text)

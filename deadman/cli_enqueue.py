@@ -19,6 +19,7 @@ from typing import Any
 from deadman.api.problems import Problem
 from deadman.api.schema import loads
 from deadman.api.serialize import job_json
+from deadman.cli_args import integer_text
 from deadman.spec import JobSpec, SpecError, validate
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -33,6 +34,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "start_by": ("start_by", str),
     "deadline": ("deadline", str),
     "heartbeat_timeout_ms": ("heartbeat_timeout_ms", int),
+    "limit_key": ("limit_key", str),
 }
 
 
@@ -44,20 +46,11 @@ def add_parser(sub: Any, db_arg: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--body", help="the whole POST /jobs body as JSON; flags override it")
     for flag, (_, parse) in _FIELDS.items():
         p.add_argument(
-            "--" + flag.replace("_", "-"), dest=flag, type=_integer if parse is int else str
+            "--" + flag.replace("_", "-"), dest=flag, type=integer_text if parse is int else str
         )
     p.add_argument("--depends-on", action="append", metavar="ID", help="repeat for several")
     p.add_argument("--idempotency-key", help="as the Idempotency-Key header")
     p.set_defaults(func=cmd_enqueue)
-
-
-def _integer(text: str) -> int:
-    """An ASCII integer of any size the spec may then refuse (argparse's int() would
-    take other scripts' digits and 5,000-digit numbers)."""
-    digits = text[1:] if text[:1] in "+-" else text
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer")
-    return int(text)
 
 
 def body_of(args: argparse.Namespace) -> dict[str, Any]:

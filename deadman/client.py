@@ -19,8 +19,9 @@ from deadman.config import Settings
 from deadman.db.pool import sync_pool
 from deadman.errors import ConfigError, DuplicateKey
 from deadman.model import Backoff, Job, Workflow
-from deadman.spec import BatchJobSpec, JobSpec, validate
+from deadman.spec import BatchJobSpec, JobSpec, KeyedName, LimitSpec, validate
 from deadman.store import NewJob, NewWorkflow, SyncConn, SyncStore
+from deadman.store.limits import Limit
 
 
 def _to_ms(value: timedelta | float | int | None) -> int | None:
@@ -47,6 +48,7 @@ class JobOptions(TypedDict, total=False):
     start_by: datetime | None
     deadline: datetime | None
     heartbeat_timeout: timedelta | float | None
+    limit_key: str | None
 
 
 #: the options given in seconds, and the spec's field (in milliseconds) for each
@@ -244,3 +246,34 @@ class Client:
 
     def get(self, job_id: int) -> Job | None:
         return self._on(None, lambda c: self._store.job_get(c, job_id))
+
+    # -- flow control ------------------------------------------------------------------
+
+    def set_limit(
+        self,
+        key: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, timedelta | float] | None = None,
+    ) -> Limit:
+        """Create or replace ``key``'s limit: at most ``concurrency`` of its jobs
+        running at once across the fleet; at most ``rate[0]`` starts in any window of
+        ``rate[1]`` (a timedelta, or seconds). It applies from the next claim. The rules
+        are :class:`deadman.spec.LimitSpec`'s, as for ``PUT /limits/{key}``."""
+        body: dict[str, Any] = {"concurrency": concurrency}
+        if rate is not None:
+            body["rate"] = {"count": rate[0], "per_ms": _to_ms(rate[1])}
+        spec = validate(LimitSpec, body)
+        name = validate(KeyedName, {"key": key}).key
+        return self._on(None, lambda c: self._store.limit_put(c, spec.params(name)))
+
+    def limits(self) -> list[Limit]:
+        """Every limit and its live state (``running``, ``available``), by key."""
+        return self._on(None, self._store.limit_list)
+
+    def limit(self, key: str) -> Limit | None:
+        return self._on(None, lambda c: self._store.limit_get(c, key))
+
+    def delete_limit(self, key: str) -> bool:
+        """Remove ``key``'s limit; False if it had none. Its jobs then run unlimited."""
+        return self._on(None, lambda c: self._store.limit_delete(c, key))

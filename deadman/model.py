@@ -247,6 +247,8 @@ class Job:
     deadline: datetime | None = None
     #: a handler that stops calling ctx.heartbeat() for this long is hung
     heartbeat_timeout_ms: int | None = None
+    #: the flow-control key (a limit on it bounds this job's starts)
+    limit_key: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
@@ -286,6 +288,7 @@ class Job:
             start_by=row.get("start_by"),
             deadline=row.get("deadline"),
             heartbeat_timeout_ms=row.get("heartbeat_timeout_ms"),
+            limit_key=row.get("limit_key"),
         )
 
 

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from deadman.api import routes_jobs, routes_ops, routes_workflows, ui
+from deadman.api import routes_jobs, routes_limits, routes_ops, routes_workflows, ui
 from deadman.api.auth import BearerAuth, DashboardSessions
 from deadman.api.limits import BodyLimit
 from deadman.api.problems import EXCEPTION_HANDLERS
@@ -67,7 +67,13 @@ def create_app(
             await store.close()
 
     app = Starlette(
-        routes=[*routes_jobs.ROUTES, *routes_ops.ROUTES, *routes_workflows.ROUTES, ui.MOUNT],
+        routes=[
+            *routes_jobs.ROUTES,
+            *routes_ops.ROUTES,
+            *routes_workflows.ROUTES,
+            *routes_limits.ROUTES,
+            ui.MOUNT,
+        ],
         middleware=[
             Middleware(RequestMetrics),
             Middleware(BearerAuth, token=settings.api_token),
@@ -77,5 +83,8 @@ def create_app(
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
+    # "/jobs/1/" is not "/jobs/1": a 404, never a redirect that a client might follow
+    # with its body dropped (Starlette redirects such paths by default).
+    app.router.redirect_slashes = False
     app.state.deadman = state
     return app

@@ -126,21 +126,21 @@ def loads(raw: bytes) -> Any:
 
 def parse_new_job(body: Any, *, idempotency_key: str | None = None) -> NewJob:
     """The body of ``POST /jobs`` as a validated NewJob."""
-    return _spec(JobSpec, body).to_new_job(idempotency_key)
+    return parse_spec(JobSpec, body).to_new_job(idempotency_key)
 
 
 def parse_batch(body: Any) -> list[NewJob]:
     """``{"jobs": [...]}``: 1 to 1000 jobs, each may carry ``idempotency_key`` (unique)."""
-    return _spec(BatchSpec, body).to_new_jobs()
+    return parse_spec(BatchSpec, body).to_new_jobs()
 
 
 def parse_workflow(body: Any, *, idempotency_key: str | None = None) -> NewWorkflow:
     """``POST /workflows``: a name, 1-1000 nodes with unique names, edges between
     known nodes and no cycle."""
-    return _spec(WorkflowSpec, body).to_new_workflow(idempotency_key)
+    return parse_spec(WorkflowSpec, body).to_new_workflow(idempotency_key)
 
 
-def _spec(model: type[S], body: Any) -> S:
+def parse_spec(model: type[S], body: Any) -> S:
     """``body`` as ``model``, or a 422 naming every broken field."""
     try:
         return validate(model, body)
@@ -216,8 +216,13 @@ def parse_workflow_id(raw: str) -> int:
 
 
 def parse_queue_name(raw: str) -> str:
+    return parse_name(raw, "name")
+
+
+def parse_name(raw: str, field: str) -> str:
+    """A name from the path (queue, limit key): 422 naming ``field`` unless it is one."""
     if not NAME_RE.fullmatch(raw):
-        raise validation([{"field": "name", "message": NAME_RULE}])
+        raise validation([{"field": field, "message": NAME_RULE}])
     return raw
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deadman.model import Job, JobState
+from deadman.store.limits import Limit
 
 STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 
@@ -53,6 +54,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "start_by": rfc3339(job.start_by),
         "deadline": rfc3339(job.deadline),
         "heartbeat_timeout_ms": job.heartbeat_timeout_ms,
+        "limit_key": job.limit_key,
     }
 
 
@@ -99,4 +101,18 @@ def worker_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "last_heartbeat_at": rfc3339(row["last_heartbeat_at"]),
         "alive": bool(row["alive"]),
         "jobs_held": int(row["jobs_held"]),
+    }
+
+
+def limit_json(limit: Limit) -> dict[str, Any]:
+    """A limit as GET /limits/{key} shows it (the Limit schema in openapi)."""
+    rate = None
+    if limit.rate_count is not None:
+        rate = {"count": limit.rate_count, "per_ms": limit.rate_per_ms}
+    return {
+        "key": limit.key,
+        "concurrency": limit.concurrency,
+        "rate": rate,
+        "running": limit.running,
+        "available": limit.available,
     }

@@ -47,7 +47,7 @@ WITH v AS (
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash,
                           pending_deps, finished_at, last_error, upstream_cancelled,
-                          start_by, deadline, heartbeat_timeout_ms)
+                          start_by, deadline, heartbeat_timeout_ms, limit_key)
 SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
             WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
@@ -58,7 +58,7 @@ SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
        %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
        %(start_by)s::timestamptz, %(deadline)s::timestamptz,
-       %(heartbeat_timeout_ms)s::integer
+       %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text
 FROM v
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -69,7 +69,7 @@ CREATE TEMP TABLE IF NOT EXISTS deadman_stage (
     ord bigint, type text, queue text, priority integer, payload jsonb, max_attempts integer,
     backoff jsonb, timeout_ms integer, run_at timestamptz, delay_ms bigint,
     idempotency_key text, request_hash text, start_by timestamptz, deadline timestamptz,
-    heartbeat_timeout_ms integer
+    heartbeat_timeout_ms integer, limit_key text
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_stage_clear
@@ -79,18 +79,19 @@ DELETE FROM pg_temp.deadman_stage;
 -- name: job_stage_copy
 COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, backoff,
                             timeout_ms, run_at, delay_ms, idempotency_key,
-                            request_hash, start_by, deadline, heartbeat_timeout_ms) FROM STDIN;
+                            request_hash, start_by, deadline, heartbeat_timeout_ms,
+                            limit_key) FROM STDIN;
 
 -- name: job_insert_staged
 -- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
 -- Rows whose idempotency key is taken are skipped; the caller learns which by id.
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, start_by,
-                          deadline, heartbeat_timeout_ms)
+                          deadline, heartbeat_timeout_ms, limit_key)
 SELECT s.type, s.queue, s.priority, s.payload,
        CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
        s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key, s.request_hash,
-       s.start_by, s.deadline, s.heartbeat_timeout_ms
+       s.start_by, s.deadline, s.heartbeat_timeout_ms, s.limit_key
 FROM pg_temp.deadman_stage s
 CROSS JOIN LATERAL (
     SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
@@ -123,16 +124,21 @@ SELECT * FROM deadman.jobs WHERE id = %(id)s;
 SELECT * FROM deadman.jobs WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: job_claim
--- Claim up to %(limit)s due jobs of one queue for one worker.
+-- Claim up to %(limit)s due jobs of one queue for one worker: first the keyed ones
+-- their limits allow (deadman.job_claim_keyed, migration 0010: a no-op index probe
+-- when the queue has no keyed jobs), then unkeyed ones for the rest.
 -- The candidates CTE locks exactly the rows it returns (never
 -- `WHERE id IN (SELECT ... LIMIT n FOR UPDATE)`: the planner may re-run that
 -- subquery and claim more than n). SKIP LOCKED lets concurrent claimers take
 -- disjoint sets; a short batch therefore does not mean an empty queue.
 -- Claiming a due 'scheduled' or 'retrying' job is its promotion.
-WITH candidates AS (
+WITH keyed AS (
+    SELECT * FROM deadman.job_claim_keyed(%(queue)s, %(worker)s, %(ttl_ms)s, %(limit)s)
+), candidates AS (
     SELECT id
     FROM deadman.jobs
     WHERE queue = %(queue)s
+      AND (limit_key IS NOT NULL) = false  -- jobs_claim_idx's second column
       AND state IN ('queued', 'scheduled', 'retrying')
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
@@ -141,19 +147,23 @@ WITH candidates AS (
       AND (start_by IS NULL OR start_by > now())
       AND (deadline IS NULL OR deadline > now())
     ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
+    LIMIT %(limit)s - (SELECT count(*) FROM keyed)
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE deadman.jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = nextval('deadman.lease_token_seq'),
+        lease_worker = %(worker)s,
+        lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
+        started_at = now()
+    FROM candidates c
+    WHERE j.id = c.id
+    RETURNING j.*
 )
-UPDATE deadman.jobs j
-SET state = 'running',
-    attempt = j.attempt + 1,
-    lease_token = nextval('deadman.lease_token_seq'),
-    lease_worker = %(worker)s,
-    lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
-    started_at = now()
-FROM candidates c
-WHERE j.id = c.id
-RETURNING j.*;
+SELECT * FROM keyed
+UNION ALL
+SELECT * FROM claimed;
 
 -- name: job_claim_quarantined
 -- One suspected poison pill (rescued %(quarantine_at)s times or more), for a worker
@@ -166,6 +176,7 @@ WITH candidates AS (
       AND state IN ('queued', 'scheduled', 'retrying')
       AND rescues > 0
       AND rescues >= %(quarantine_at)s
+      AND limit_key IS NULL  -- keyed jobs run under their limit (job_claim_keyed)
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
       AND (start_by IS NULL OR start_by > now())
@@ -542,15 +553,16 @@ WITH input AS (
                 %(delays_ms)s::bigint[], %(idempotency_keys)s::text[],
                 %(request_hashes)s::text[], %(pending_deps)s::integer[],
                 %(upstream_errors)s::text[], %(start_bys)s::timestamptz[],
-                %(deadlines)s::timestamptz[], %(heartbeat_timeouts_ms)s::integer[])
+                %(deadlines)s::timestamptz[], %(heartbeat_timeouts_ms)s::integer[],
+                %(limit_keys)s::text[])
          AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
               delay_ms, idempotency_key, request_hash, pending_deps, upstream_error,
-              start_by, deadline, heartbeat_timeout_ms)
+              start_by, deadline, heartbeat_timeout_ms, limit_key)
 )
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, pending_deps,
                           finished_at, last_error, upstream_cancelled, start_by, deadline,
-                          heartbeat_timeout_ms)
+                          heartbeat_timeout_ms, limit_key)
 SELECT i.type, i.queue, i.priority, i.payload,
        CASE WHEN i.upstream_error IS NOT NULL THEN 'cancelled'
             WHEN i.pending_deps > 0 THEN 'waiting'
@@ -559,7 +571,7 @@ SELECT i.type, i.queue, i.priority, i.payload,
        CASE WHEN i.upstream_error IS NULL THEN i.pending_deps ELSE 0 END,
        CASE WHEN i.upstream_error IS NOT NULL THEN now() END,
        i.upstream_error, i.upstream_error IS NOT NULL,
-       i.start_by, i.deadline, i.heartbeat_timeout_ms
+       i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key
 FROM input i
 CROSS JOIN LATERAL (
     SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
@@ -856,19 +868,20 @@ WITH wf AS (
                 %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
                 %(delays_ms)s::bigint[], %(pending)s::integer[], %(has_dependents)s::boolean[],
                 %(start_bys)s::timestamptz[], %(deadlines)s::timestamptz[],
-                %(heartbeat_timeouts_ms)s::integer[])
+                %(heartbeat_timeouts_ms)s::integer[], %(limit_keys)s::text[])
          AS t(ord, node, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
               run_at, delay_ms, pending, has_dependents, start_by, deadline,
-              heartbeat_timeout_ms)
+              heartbeat_timeout_ms, limit_key)
 ), inserted AS (
     INSERT INTO deadman.jobs (workflow_id, node, type, queue, priority, payload, state,
                               max_attempts, backoff, timeout_ms, run_at, pending_deps,
-                              has_dependents, start_by, deadline, heartbeat_timeout_ms)
+                              has_dependents, start_by, deadline, heartbeat_timeout_ms,
+                              limit_key)
     SELECT wf.id, i.node, i.type, i.queue, i.priority, i.payload,
            CASE WHEN i.pending > 0 THEN 'waiting'
                 WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
            i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.pending, i.has_dependents,
-           i.start_by, i.deadline, i.heartbeat_timeout_ms
+           i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key
     FROM wf CROSS JOIN input i
     CROSS JOIN LATERAL (
         SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
@@ -919,3 +932,31 @@ SELECT c.id, c.state,
        CASE WHEN c.state = 'running' THEN pg_notify('deadman_cancel', c.id::text) END
        AS notified
 FROM c;
+
+-- name: limit_put
+-- PUT /limits/{key}: create or replace a limit; it applies from the next claim (the
+-- claim reads it under its row lock). Returns it with its live state.
+WITH up AS (
+    INSERT INTO deadman.limits (key, concurrency, rate_count, rate_per_ms)
+    VALUES (%(key)s, %(concurrency)s, %(rate_count)s, %(rate_per_ms)s)
+    ON CONFLICT (key) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, rate_count = EXCLUDED.rate_count,
+        rate_per_ms = EXCLUDED.rate_per_ms, updated_at = now()
+    RETURNING *
+)
+SELECT key, concurrency, rate_count, rate_per_ms,
+       deadman.limit_running(key) AS running,
+       deadman.limit_available(key, rate_count, rate_per_ms) AS available
+FROM up;
+
+-- name: limit_list
+-- GET /limits: every limit and its live state, by key (at most %(cap)s).
+SELECT * FROM deadman.limit_state ORDER BY key LIMIT %(cap)s;
+
+-- name: limit_get
+SELECT * FROM deadman.limit_state WHERE key = %(key)s;
+
+-- name: limit_delete
+-- DELETE /limits/{key}: its jobs run unlimited from the next claim; its start log goes
+-- with it (ON DELETE CASCADE).
+DELETE FROM deadman.limits WHERE key = %(key)s RETURNING key;

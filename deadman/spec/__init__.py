@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from deadman.spec.errors import SpecError, validate
 from deadman.spec.job import BackoffSpec, BatchJobSpec, BatchSpec, JobFields, JobSpec, Spec
+from deadman.spec.limits import KeyedName, LimitSpec, RateSpec
 from deadman.spec.workflow import EdgeSpec, NodeSpec, WorkflowSpec
 
 __all__ = [
@@ -19,7 +20,10 @@ __all__ = [
     "EdgeSpec",
     "JobFields",
     "JobSpec",
+    "KeyedName",
+    "LimitSpec",
     "NodeSpec",
+    "RateSpec",
     "Spec",
     "SpecError",
     "WorkflowSpec",

@@ -101,6 +101,12 @@ class JobFields(Spec):
         "treated as hung: its attempt ends timed_out and the job retries as usual.",
     )
 
+    limit_key: Maybe[Name] = Field(
+        None,
+        description="Flow control: a limit on this key (PUT /limits/{key}) bounds how many "
+        "of its jobs run at once and how often they start. No limit: unlimited.",
+    )
+
     def problems(self, prefix: str = "") -> Iterator[FieldError]:
         if {"run_at", "delay_ms"} <= self.model_fields_set:  # as the schema's "not"
             yield {"field": f"{prefix}delay_ms", "message": "give run_at or delay_ms, not both"}
@@ -123,6 +129,7 @@ class JobFields(Spec):
             start_by=self.start_by,
             deadline=self.deadline,
             heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            limit_key=self.limit_key,
         )
 
 

@@ -17,12 +17,13 @@ from deadman.model import (
 from deadman.store import batches
 from deadman.store.jobs import NewJob, deps_verdict
 from deadman.store.leases import LeaseStore
+from deadman.store.limits import LimitStore
 from deadman.store.maintenance import MaintenanceStore
 from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
 from deadman.store.workflows import NewWorkflow, workflow_params
 
 
-class AsyncStore(LeaseStore, MaintenanceStore):
+class AsyncStore(LeaseStore, MaintenanceStore, LimitStore):
     """Async access for the worker and the API (see AsyncBase for how statements run)."""
 
     # -- enqueue and read ----------------------------------------------------------

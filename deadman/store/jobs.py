@@ -38,6 +38,8 @@ class NewJob:
     #: total across retries: no attempt starts after it ('deadline')
     deadline: datetime | None = None
     heartbeat_timeout_ms: int | None = None
+    #: the flow-control key: a limit on that key (deadman.limits) bounds its jobs
+    limit_key: str | None = None
 
     def request_hash(self) -> str:
         """A fingerprint of what was asked, to tell a replay from a different request."""
@@ -61,6 +63,8 @@ class NewJob:
                 body[name] = value.astimezone(UTC).isoformat()
         if self.heartbeat_timeout_ms is not None:
             body["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        if self.limit_key is not None:
+            body["limit_key"] = self.limit_key
         raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -91,6 +95,7 @@ class NewJob:
             "start_by": self.start_by,
             "deadline": self.deadline,
             "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
+            "limit_key": self.limit_key,
         }
 
 
@@ -137,4 +142,5 @@ def job_columns(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, 
         "start_bys": [j.start_by for j in jobs],
         "deadlines": [j.deadline for j in jobs],
         "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
+        "limit_keys": [j.limit_key for j in jobs],
     }

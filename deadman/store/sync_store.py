@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import DictRow, dict_row, tuple_row
@@ -19,6 +20,7 @@ from deadman.store.batches import batch_dependencies
 from deadman.store.conn import SyncConn
 from deadman.store.jobs import NewJob, deps_verdict
 from deadman.store.leases import FINISH_IDLE_MS, Finish, finish_params
+from deadman.store.limits import Limit, LimitParams, limit_params, limits_of, list_params
 from deadman.store.workflows import NewWorkflow, workflow_params
 
 
@@ -133,6 +135,7 @@ class SyncStore:
                             job.start_by,
                             job.deadline,
                             job.heartbeat_timeout_ms,
+                            job.limit_key,
                         )
                     )
             cur.execute(QUERIES["job_insert_staged"])
@@ -151,6 +154,26 @@ class SyncStore:
     def effect_insert(self, conn: SyncConn, job_id: int, lease_token: int) -> None:
         with translate():
             conn.execute(QUERIES["effect_insert"], {"job_id": job_id, "lease_token": lease_token})
+
+    # -- limits (see deadman.store.limits) -------------------------------------------
+
+    def _rows(self, conn: SyncConn, name: LiteralString, params: dict[str, Any]) -> list[DictRow]:
+        with translate(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(QUERIES[name], params)
+            return cur.fetchall() if cur.description else []
+
+    def limit_put(self, conn: SyncConn, p: LimitParams) -> Limit:
+        return limits_of(self._rows(conn, "limit_put", limit_params(p)))[0]
+
+    def limit_list(self, conn: SyncConn) -> list[Limit]:
+        return limits_of(self._rows(conn, "limit_list", list_params()))
+
+    def limit_get(self, conn: SyncConn, key: str) -> Limit | None:
+        found = limits_of(self._rows(conn, "limit_get", {"key": key}))
+        return found[0] if found else None
+
+    def limit_delete(self, conn: SyncConn, key: str) -> bool:
+        return bool(self._rows(conn, "limit_delete", {"key": key}))
 
 
 def is_transient(exc: BaseException) -> bool:

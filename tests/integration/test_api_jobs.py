@@ -42,6 +42,7 @@ JOB_FIELDS = {
     "start_by",
     "deadline",
     "heartbeat_timeout_ms",
+    "limit_key",
 }
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 

@@ -156,6 +156,8 @@ def test_the_openapi_document_names_every_path_and_operation(db_dsn: str) -> Non
         "/queues/{name}/pause",
         "/queues/{name}/resume",
         "/workers",
+        "/limits",
+        "/limits/{key}",
         "/stats",
         "/health",
         "/ready",

@@ -150,7 +150,15 @@ def test_api_conforms_along_its_links(db_dsn: str) -> None:
                 nonlocal scenarios
                 scenarios += 1
                 with psycopg.connect(db_dsn, autocommit=True) as conn:
-                    for table in ("job_deps", "attempts", "effects", "jobs", "workflows", "queues"):
+                    for table in (
+                        "job_deps",
+                        "attempts",
+                        "effects",
+                        "jobs",
+                        "workflows",
+                        "queues",
+                        "limits",
+                    ):
                         conn.execute(f"DELETE FROM deadman.{table}")
 
             def after_call(self, response: Any, case: Any) -> None:

@@ -173,6 +173,17 @@ USAGE: list[list[str]] = [
     ["enqueue", "t", "--depends-on", "0"],
     ["enqueue", "t", "--idempotency-key", ""],
     ["enqueue", "t", "--payload", SURROGATE],
+    ["limits", "set", "k"],  # neither a concurrency nor a rate
+    ["limits", "set", "k", "--concurrency", "0"],
+    ["limits", "set", "k", "--concurrency", HUGE],
+    ["limits", "set", "k", "--rate", "1/" + HUGE],
+    ["limits", "set", "k", "--rate", "ten/second"],
+    ["limits", "set", "bad key", "--concurrency", "1"],
+    ["limits", "set", SURROGATE, "--concurrency", "1"],
+    ["limits", "show", LONG],
+    ["limits", "rm", "a/b"],
+    ["limits", "ls", "extra"],
+    ["limits"],
     ["demo", "--database-url", "not a dsn"],
     ["demo", "--database-url", SURROGATE],
     *[

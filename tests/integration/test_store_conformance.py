@@ -28,6 +28,7 @@ from deadman.store import (
     SyncStore,
     UnknownDependency,
 )
+from deadman.store.limits import Limit, LimitParams
 from tests.factories import async_store, connect, insert_job, run_async
 
 DEFAULT_ATTEMPTS = 5
@@ -90,6 +91,17 @@ class Sync:
             (conn.commit if done else conn.rollback)()
         return done
 
+    def limits(self, key: str) -> tuple[Limit, Limit | None, list[Limit], bool, bool]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            put = self.store.limit_put(conn, LimitParams(key, 3, 10, 1000))
+            return (
+                put,
+                self.store.limit_get(conn, key),
+                self.store.limit_list(conn),
+                self.store.limit_delete(conn, key),
+                self.store.limit_delete(conn, key),
+            )
+
 
 class Async:
     """The AsyncStore, through its pool (and a connection for job_finish_in)."""
@@ -116,6 +128,20 @@ class Async:
 
     def get(self, job_id: int) -> Job | None:
         result: Job | None = self._run(lambda s: s.job_get(job_id))
+        return result
+
+    def limits(self, key: str) -> tuple[Limit, Limit | None, list[Limit], bool, bool]:
+        async def body(s: AsyncStore) -> tuple[Limit, Limit | None, list[Limit], bool, bool]:
+            put = await s.limit_put(LimitParams(key, 3, 10, 1000))
+            return (
+                put,
+                await s.limit_get(key),
+                await s.limit_list(),
+                await s.limit_delete(key),
+                await s.limit_delete(key),
+            )
+
+        result: tuple[Limit, Limit | None, list[Limit], bool, bool] = self._run(body)
         return result
 
     def workflow(self, wf: NewWorkflow) -> list[dict[str, Any] | None] | None:
@@ -215,8 +241,20 @@ def test_the_fenced_completion_in_the_handlers_transaction(side: Sync | Async, d
     assert row is not None and row["n"] == 1
 
 
+def test_limits_put_get_list_delete(side: Sync | Async) -> None:
+    key = f"conf-{side.name}"
+    put, got, listed, removed, again = side.limits(key)
+    assert put == got == Limit(key, 3, 10, 1000, running=0, available=10)
+    assert key in [x.key for x in listed]
+    assert (removed, again) == (True, False)
+
+
 #: methods both stores have: same name, same parameters (the sync one adds `conn`)
 SHARED = [
+    "limit_put",
+    "limit_get",
+    "limit_list",
+    "limit_delete",
     "job_insert",
     "job_get",
     "job_get_by_idempotency_key",

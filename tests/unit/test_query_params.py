@@ -42,6 +42,7 @@ from deadman.store import (
     workflow_params,
 )
 from deadman.store.leases import quarantine_claim_params
+from deadman.store.limits import LimitParams, limit_params, list_params
 
 PACKAGE = Path(__file__).resolve().parents[2] / "deadman"
 
@@ -69,6 +70,8 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "_rescue_args": lambda: maintenance._rescue_args(RescueParams(5)),
     "_prune_args": lambda: maintenance._prune_args(PruneParams(1, 1)),
     "_workflow_prune_args": lambda: maintenance._workflow_prune_args(PruneParams(1, 1)),
+    "limit_params": lambda: limit_params(LimitParams("k", 5, None, None)),
+    "list_params": list_params,
 }
 
 #: calls whose parameters are a variable, and where that variable is built
@@ -79,17 +82,28 @@ UNCHECKED = {
     ("store/async_store.py", "<name>"): "_workflow_with_nodes(name, params): by key or by id",
     ("store/async_store.py", "job_retry_dead_many"): "params: a dict literal in the loop",
     ("store/maintenance.py", "<name>"): "MaintenanceTx._all(name, params): as AsyncBase",
+    ("store/sync_store.py", "<name>"): "_rows(conn, name, params): the caller's literal or builder",
 }
 
 
+def _args(call: ast.Call) -> list[ast.expr]:
+    """The call's (name, params) arguments: SyncStore._rows(conn, name, params) first
+    takes the caller's connection."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "_rows":
+        return call.args[1:]
+    return call.args
+
+
 def _query_name(call: ast.Call) -> str | None:
-    if not call.args:
+    args = _args(call)
+    if not args:
         return None
-    first = call.args[0]
+    first = args[0]
     func = call.func
     if (
         isinstance(func, ast.Attribute)
-        and func.attr in {"_all", "_once"}
+        and func.attr in {"_all", "_once", "_rows"}
         and isinstance(first, ast.Constant)
         and isinstance(first.value, str)
     ):
@@ -99,16 +113,17 @@ def _query_name(call: ast.Call) -> str | None:
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             return key.value
         return "<name>"
-    if isinstance(func, ast.Attribute) and func.attr in {"_all", "_once"}:
+    if isinstance(func, ast.Attribute) and func.attr in {"_all", "_once", "_rows"}:
         return "<name>"
     return None
 
 
 def _passed(call: ast.Call) -> set[str] | str:
     """The keys the call passes, or a description of what could not be read."""
-    if len(call.args) < 2:
+    args = _args(call)
+    if len(args) < 2:
         return set()
-    arg = call.args[1]
+    arg = args[1]
     if isinstance(arg, ast.Dict):
         keys = {k.value for k in arg.keys if isinstance(k, ast.Constant)}
         if len(keys) == len(arg.keys):

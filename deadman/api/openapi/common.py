@@ -117,9 +117,10 @@ def _job_id_param() -> dict[str, Any]:
     }
 
 
-def _queue_name_param() -> dict[str, Any]:
+def _queue_name_param(name: str = "name") -> dict[str, Any]:
+    """A name in the path (a queue's, a limit's key): the pattern of deadman.bounds."""
     return {
-        "name": "name",
+        "name": name,
         "in": "path",
         "required": True,
         "schema": {"type": "string", "pattern": NAME_PATTERN},

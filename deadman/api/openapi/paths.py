@@ -45,54 +45,6 @@ def _op(
     }
 
 
-def _workflow_paths() -> dict[str, Any]:
-    wf = _ref("Workflow")
-    wf_id = {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "pattern": ID_PATTERN},
-    }
-    return {
-        "/workflows": {
-            "post": {
-                "operationId": "createWorkflow",
-                "summary": "Submit a workflow (a DAG of jobs)",
-                "description": "Every node is created in one transaction. Nodes with "
-                "dependencies are `waiting` until all of them succeeded; when one ends dead "
-                "or cancelled, everything downstream is cancelled (`upstream <name> "
-                "<state>`). With `Idempotency-Key`, as for `POST /jobs`: the same key and "
-                "the same workflow again is 200 with the same workflow and "
-                "`Idempotent-Replayed: true`; a different workflow is 422.",
-                **_keyed_create("WorkflowSpec", "Workflow", "/workflows/{id}", "workflow"),
-            }
-        },
-        "/workflows/{id}": {
-            "get": _op(
-                "getWorkflow",
-                "A workflow's state and each node's state",
-                {"200": _json(wf, "The workflow.")},
-                *_FOUND_OR_NOT,
-                parameters=[wf_id],
-            )
-        },
-        "/workflows/{id}/cancel": {
-            "post": _op(
-                "cancelWorkflow",
-                "Cancel every unfinished node",
-                {
-                    "200": _json(wf, "Finished."),
-                    "202": _json(wf, "Cancellation requested from running nodes."),
-                },
-                *_FOUND_OR_NOT,
-                description="200 when the workflow is finished (now or before); 202 "
-                "while running nodes are being told to stop.",
-                parameters=[wf_id],
-            )
-        },
-    }
-
-
 def _paths() -> dict[str, Any]:
     job = _ref("Job")
     replayed = {"required": True, "schema": {"const": "true"}}

@@ -19,7 +19,7 @@ from deadman.api.openapi.common import (
 from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.bounds import ID_PATTERN
 from deadman.model import AttemptOutcome
-from deadman.spec import BatchSpec, JobSpec, WorkflowSpec
+from deadman.spec import BatchSpec, JobSpec, LimitSpec, WorkflowSpec
 
 
 def _list_of(key: str, item: str) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def _spec_schemas() -> dict[str, Any]:
     """What clients submit, generated from deadman.spec: the same models validate the
     requests, so the document and the server cannot disagree on a bound."""
     _, top = models_json_schema(
-        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec)],
+        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec, LimitSpec)],
         ref_template="#/components/schemas/{model}",
     )
     defs: dict[str, Any] = top["$defs"]
@@ -169,6 +169,7 @@ def _schemas() -> dict[str, Any]:
                 "start_by": _DATETIME_OR_NULL,
                 "deadline": _DATETIME_OR_NULL,
                 "heartbeat_timeout_ms": {"type": ["integer", "null"], "minimum": 1},
+                "limit_key": {"type": ["string", "null"]},
             },
             "required": [
                 "id",
@@ -192,6 +193,7 @@ def _schemas() -> dict[str, Any]:
                 "start_by",
                 "deadline",
                 "heartbeat_timeout_ms",
+                "limit_key",
             ],
             "additionalProperties": False,
         },
@@ -287,6 +289,42 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
         },
         "Workers": _list_of("workers", "Worker"),
+        "Limit": {
+            "type": "object",
+            "description": "A key's limit and its live state.",
+            "properties": {
+                "key": {"type": "string"},
+                "concurrency": {"type": ["integer", "null"], "minimum": 1},
+                "rate": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {
+                                "count": {"type": "integer", "minimum": 1},
+                                "per_ms": {"type": "integer", "minimum": 1},
+                            },
+                            "required": ["count", "per_ms"],
+                            "additionalProperties": False,
+                        },
+                        {"type": "null"},
+                    ]
+                },
+                "running": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Jobs with this key running now: the slots they hold "
+                    "(a slot is freed when its job finishes or its lapsed lease is rescued).",
+                },
+                "available": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "description": "Starts the rate allows now; null without a rate.",
+                },
+            },
+            "required": ["key", "concurrency", "rate", "running", "available"],
+            "additionalProperties": False,
+        },
+        "Limits": _list_of("limits", "Limit"),
         "Stats": {
             "type": "object",
             "properties": {
