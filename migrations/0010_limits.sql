@@ -58,21 +58,23 @@ LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM deadman.jobs WHERE limit_key = p_key AND state = 'running'
 $$;
 
--- Every start still inside the window counts, later ones too: a claimer whose now()
--- is earlier than a previous lock holder's counts those starts as well.
-CREATE FUNCTION deadman.limit_available(p_key text, p_count integer, p_per_ms integer)
-RETURNS bigint
+-- The starts the rate allows at p_at: its count less the starts in the window that
+-- ends at p_at, (p_at - per_ms, p_at]. Starts are stamped by the claim with the
+-- clock read after it took the key's lock, so they grow in lock order.
+CREATE FUNCTION deadman.limit_available(
+    p_key text, p_count integer, p_per_ms integer, p_at timestamptz
+) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_count IS NULL THEN NULL ELSE GREATEST(0, p_count - (
         SELECT count(*) FROM deadman.limit_starts
-        WHERE key = p_key AND at > now() - p_per_ms::bigint * interval '1 millisecond'))
+        WHERE key = p_key AND at > p_at - p_per_ms::bigint * interval '1 millisecond'))
     END
 $$;
 
 CREATE VIEW deadman.limit_state AS
 SELECT key, concurrency, rate_count, rate_per_ms,
        deadman.limit_running(key) AS running,
-       deadman.limit_available(key, rate_count, rate_per_ms) AS available
+       deadman.limit_available(key, rate_count, rate_per_ms, clock_timestamp()) AS available
 FROM deadman.limits;
 
 -- The keyed claim, in one call: find the keys with due jobs (up to 512, a skip
@@ -87,6 +89,7 @@ CREATE FUNCTION deadman.job_claim_keyed(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     keys text[];
+    v_now timestamptz;  -- read after the lock: the claim's start time and the window's end
 BEGIN
     IF p_limit <= 0 OR EXISTS (SELECT 1 FROM deadman.queues q
                                WHERE q.name = p_queue AND q.paused) THEN
@@ -110,17 +113,21 @@ BEGIN
     END IF;
 
     PERFORM 1 FROM deadman.limits WHERE key = ANY (keys) ORDER BY key FOR UPDATE;
+    -- now() is this transaction's start, before the wait for the lock: a start stamped
+    -- with it could look older than the finish that freed its slot. The clock read
+    -- here is later than every commit this claim's next snapshot sees.
+    v_now := clock_timestamp();
 
     DELETE FROM deadman.limit_starts s USING deadman.limits l
     WHERE s.key = l.key AND l.key = ANY (keys)
-      AND s.at < now() - (l.rate_per_ms::bigint * interval '1 millisecond') - interval '1 minute';
+      AND s.at < v_now - (l.rate_per_ms::bigint * interval '1 millisecond') - interval '1 minute';
 
     RETURN QUERY
     WITH allowance AS (
         SELECT u.k AS key, l.rate_count IS NOT NULL AS rated,
                LEAST(p_limit,  -- LEAST skips NULLs: no limit row, no bound
                      l.concurrency - deadman.limit_running(u.k),
-                     deadman.limit_available(u.k, l.rate_count, l.rate_per_ms)) AS n
+                     deadman.limit_available(u.k, l.rate_count, l.rate_per_ms, v_now)) AS n
         FROM unnest(keys) AS u (k)
         LEFT JOIN deadman.limits l ON l.key = u.k
     ), ranked AS (
@@ -132,9 +139,9 @@ BEGIN
             SELECT j.id, j.priority, j.run_at FROM deadman.jobs j
             WHERE j.queue = p_queue AND j.limit_key = a.key
               AND j.state IN ('queued', 'scheduled', 'retrying')
-              AND j.run_at <= now()
-              AND (j.start_by IS NULL OR j.start_by > now())
-              AND (j.deadline IS NULL OR j.deadline > now())
+              AND j.run_at <= v_now
+              AND (j.start_by IS NULL OR j.start_by > v_now)
+              AND (j.deadline IS NULL OR j.deadline > v_now)
             ORDER BY j.priority DESC, j.run_at, j.id
             LIMIT GREATEST(a.n, 0)
             FOR UPDATE SKIP LOCKED
@@ -148,14 +155,14 @@ BEGIN
             attempt = j.attempt + 1,
             lease_token = nextval('deadman.lease_token_seq'),
             lease_worker = p_worker,
-            lease_expires_at = now() + p_ttl_ms * interval '1 millisecond',
-            started_at = now()
+            lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+            started_at = v_now
         FROM chosen c
         WHERE j.id = c.id
         RETURNING j.*
     ), logged AS (
         INSERT INTO deadman.limit_starts (key, at)
-        SELECT c.limit_key, now() FROM claimed c
+        SELECT c.limit_key, v_now FROM claimed c
         JOIN allowance a ON a.key = c.limit_key AND a.rated
     )
     SELECT * FROM claimed;

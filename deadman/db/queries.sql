@@ -946,7 +946,7 @@ WITH up AS (
 )
 SELECT key, concurrency, rate_count, rate_per_ms,
        deadman.limit_running(key) AS running,
-       deadman.limit_available(key, rate_count, rate_per_ms) AS available
+       deadman.limit_available(key, rate_count, rate_per_ms, clock_timestamp()) AS available
 FROM up;
 
 -- name: limit_list

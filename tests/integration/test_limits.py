@@ -17,8 +17,9 @@ from deadman import Client
 from deadman.cli import main
 from deadman.config import Settings
 from deadman.db.queries import QUERIES
+from deadman.model import AttemptOutcome, JobState
 from deadman.spec import SpecError
-from deadman.store.leases import ClaimParams, claim_params
+from deadman.store.leases import ClaimParams, Finish, claim_params, finish_params
 from tests.factories import connect, expire_lease
 from tests.helpers import wait_for
 from tests.helpers.api import api_client, assert_problem, error_fields
@@ -327,3 +328,39 @@ def test_a_claim_waits_for_a_limit_change_and_obeys_it(
     a.close()
     t.join(10)
     assert len(got) == new_concurrency
+
+
+@pytest.mark.parametrize("how", ["finish", "rescue"])
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "in-flight"])
+def test_a_claim_against_the_finish_or_rescue_that_frees_the_slot(
+    db_dsn: str, client: Client, how: str, committed: bool
+) -> None:
+    """The slot frees when the statement that ends the attempt commits, and not
+    before: an in-flight finish or rescue (its row lock held, not committed) leaves
+    the slot taken; the claim after its commit gets it."""
+    client.set_limit("s", concurrency=1)
+    client.enqueue("t", queue="lim", limit_key="s")
+    client.enqueue("t", queue="lim", limit_key="s")
+    with connect(db_dsn) as conn:
+        [held] = claim(conn)
+        if how == "rescue":
+            expire_lease(conn, held["id"])
+    if how == "finish":
+        sql = QUERIES["job_finish_many"]
+        params: Any = finish_params(
+            [Finish(held["id"], held["lease_token"], JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)]
+        )
+    else:
+        sql = QUERIES["job_rescue_expired"]
+        params = {"max_rescues": 100, "quarantine_at": 100, "limit": 100}
+    ender, ended = _in_transaction(db_dsn, sql, params)
+    assert len(ended) == 1
+    with connect(db_dsn) as conn:
+        if committed:
+            ender.commit()
+            assert len(claim(conn)) == 1
+        else:
+            assert claim(conn) == []  # still running, as far as any snapshot can see
+            ender.commit()
+            assert len(claim(conn)) == 1
+    ender.close()
