@@ -11,7 +11,7 @@ ALTER TABLE deadman.jobs ADD CONSTRAINT jobs_limit_key_valid
 -- under the other branch of this index, never in front of unkeyed ones (no
 -- head-of-line blocking). Same key columns and size as before for unkeyed work.
 DROP INDEX deadman.jobs_claim_idx;
-CREATE INDEX jobs_claim_idx ON deadman.jobs (queue, (limit_key IS NOT NULL), priority DESC, run_at, id)
+CREATE INDEX jobs_claim_idx ON deadman.jobs (queue, (limit_key IS NULL), priority DESC, run_at, id)
     WHERE state IN ('queued', 'scheduled', 'retrying');
 
 -- The keyed claim: due jobs of one queue by key (a skip scan finds the keys), and

@@ -135,10 +135,10 @@ SELECT * FROM deadman.jobs WHERE idempotency_key = %(idempotency_key)s;
 WITH keyed AS (
     SELECT * FROM deadman.job_claim_keyed(%(queue)s, %(worker)s, %(ttl_ms)s, %(limit)s)
 ), candidates AS (
-    SELECT id
+    SELECT id, priority, run_at
     FROM deadman.jobs
     WHERE queue = %(queue)s
-      AND (limit_key IS NOT NULL) = false  -- jobs_claim_idx's second column
+      AND limit_key IS NULL  -- jobs_claim_idx's second column: keyed jobs are elsewhere
       AND state IN ('queued', 'scheduled', 'retrying')
       AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
@@ -147,7 +147,9 @@ WITH keyed AS (
       AND (start_by IS NULL OR start_by > now())
       AND (deadline IS NULL OR deadline > now())
     ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s - (SELECT count(*) FROM keyed)
+    -- a constant: with the room left after the keyed claim here instead, the planner
+    -- could not count on a small LIMIT and sorted the whole queue (measured)
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE deadman.jobs j
@@ -157,7 +159,8 @@ WITH keyed AS (
         lease_worker = %(worker)s,
         lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
         started_at = now()
-    FROM candidates c
+    FROM (SELECT id FROM candidates ORDER BY priority DESC, run_at, id
+          LIMIT %(limit)s - (SELECT count(*) FROM keyed)) c
     WHERE j.id = c.id
     RETURNING j.*
 )
