@@ -36,3 +36,9 @@ LIMIT_CONCURRENCY_MAX = 100_000
 RATE_COUNT_MAX = 1_000_000
 RATE_PER_MS_MAX = 86_400_000
 LIMITS_LISTED_MAX = 1000
+
+#: schedules (deadman.spec.schedules): an interval's bounds, a cron expression's length
+EVERY_MS_MIN, EVERY_MS_MAX = 100, 31 * 86_400_000
+CRON_MAX_LEN = 256
+TIMEZONE_MAX_LEN = 64
+SCHEDULES_LISTED_MAX = 1000

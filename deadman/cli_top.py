@@ -18,7 +18,9 @@ from deadman.cli_ops import OK, open_store, settings_dsn, worker_rows
 from deadman.cli_tables import console, queues_table, sparkline, workers_table
 from deadman.config import Settings
 from deadman.store import AsyncStore
+from deadman.store.limits import Limit
 from deadman.store.reads import throughput_series
+from deadman.store.schedules import Schedule
 
 
 async def _snapshot(store: AsyncStore, settings: Settings) -> RenderableType:
@@ -39,7 +41,33 @@ async def _snapshot(store: AsyncStore, settings: Settings) -> RenderableType:
         queues_table(queues),
         t,
         workers_table(workers),
+        *_flow_tables(await store.limit_list(), await store.schedule_list()),
     )
+
+
+def _flow_tables(limits: list[Limit], schedules: list[Schedule]) -> list[Table]:
+    """Limits with their live figures, schedules with their next fire; only those
+    there are."""
+    tables = []
+    if limits:
+        lt = Table(title="limits", title_justify="left")
+        for column in ("key", "concurrency", "running", "rate", "available"):
+            lt.add_column(column)
+        for x in limits:
+            rate = "-" if x.rate_count is None else f"{x.rate_count}/{x.rate_per_ms} ms"
+            available = "-" if x.available is None else str(x.available)
+            lt.add_row(x.key, str(x.concurrency or "-"), str(x.running), rate, available)
+        tables.append(lt)
+    if schedules:
+        st = Table(title="schedules", title_justify="left")
+        for column in ("name", "when", "next fire", "last job"):
+            st.add_column(column)
+        for s in schedules:
+            when = s.cron or f"every {s.every_ms} ms"
+            nxt = "paused" if s.paused else s.next_fire_at.astimezone(UTC).strftime("%H:%M:%SZ")
+            st.add_row(s.name, when, nxt, str(s.last_job_id or "-"))
+        tables.append(st)
+    return tables
 
 
 def cmd_top(args: argparse.Namespace) -> int:

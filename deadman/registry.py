@@ -11,6 +11,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from deadman.errors import ConfigError
@@ -18,6 +19,7 @@ from deadman.model import validate_type
 
 if TYPE_CHECKING:
     from deadman.model import Job
+    from deadman.spec import ScheduleSpec
     from deadman.worker.context import JobContext
 
 HandlerFn = Callable[["Job", "JobContext"], Any]
@@ -35,6 +37,7 @@ class HandlerSpec:
 class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, HandlerSpec] = {}
+        self._periodic: dict[str, ScheduleSpec] = {}
 
     def handler(self, type: str) -> Callable[[F], F]:
         def decorate(fn: F) -> F:
@@ -55,11 +58,54 @@ class Registry:
     def types(self) -> list[str]:
         return sorted(self._handlers)
 
+    def periodic(
+        self,
+        when: str | timedelta,
+        type: str,
+        payload: Any = None,
+        *,
+        name: str | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        **job: Any,
+    ) -> None:
+        """Declare a schedule in code: ``when`` a cron expression (in ``timezone``) or a
+        timedelta (every so long, since the Unix epoch); each tick enqueues ``type``
+        with ``payload`` (and ``job``'s POST /jobs fields, e.g. ``queue``). Every worker
+        with this registry writes it to ``deadman.schedules`` when it starts (the same
+        definition again keeps its next tick). ``name`` defaults to ``type``. Checked
+        now, by the rules of PUT /schedules/{name}."""
+        from deadman.spec import KeyedName, ScheduleSpec, validate
+
+        body: dict[str, Any] = {
+            "timezone": timezone,
+            "catch_up": catch_up,
+            "job": {"type": type, "payload": payload, **job},
+        }
+        if isinstance(when, timedelta):
+            body["every_ms"] = round(when.total_seconds() * 1000)
+        else:
+            body["cron"] = when
+        schedule_name = validate(KeyedName, {"key": name or type}).key
+        if schedule_name in self._periodic:
+            raise ConfigError(f"a schedule named {schedule_name!r} is already declared")
+        self._periodic[schedule_name] = validate(ScheduleSpec, body)
+
+    def periodics(self) -> dict[str, ScheduleSpec]:
+        """The schedules declared with :meth:`periodic`, by name."""
+        return dict(self._periodic)
+
     def merged(self, other: Registry) -> Registry:
-        """A new registry with both sets of handlers; a type in both is an error."""
+        """A new registry with both sets of handlers and schedules; a type (or a
+        schedule name) in both is an error."""
         out = Registry()
         for spec in [*self._handlers.values(), *other._handlers.values()]:
             out.register(spec.type, spec.fn)
+        for periodic in (self._periodic, other._periodic):
+            for name, schedule in periodic.items():
+                if name in out._periodic:
+                    raise ConfigError(f"a schedule named {name!r} is declared twice")
+                out._periodic[name] = schedule
         return out
 
 

@@ -21,7 +21,14 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from deadman.api import routes_jobs, routes_limits, routes_ops, routes_workflows, ui
+from deadman.api import (
+    routes_jobs,
+    routes_limits,
+    routes_ops,
+    routes_schedules,
+    routes_workflows,
+    ui,
+)
 from deadman.api.auth import BearerAuth, DashboardSessions
 from deadman.api.limits import BodyLimit
 from deadman.api.problems import EXCEPTION_HANDLERS
@@ -72,6 +79,7 @@ def create_app(
             *routes_ops.ROUTES,
             *routes_workflows.ROUTES,
             *routes_limits.ROUTES,
+            *routes_schedules.ROUTES,
             ui.MOUNT,
         ],
         middleware=[

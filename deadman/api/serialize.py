@@ -13,6 +13,7 @@ from typing import Any
 
 from deadman.model import Job, JobState
 from deadman.store.limits import Limit
+from deadman.store.schedules import Schedule
 
 STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 
@@ -115,4 +116,20 @@ def limit_json(limit: Limit) -> dict[str, Any]:
         "rate": rate,
         "running": limit.running,
         "available": limit.available,
+    }
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    """A schedule as GET /schedules/{name} shows it (the Schedule schema in openapi)."""
+    return {
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "every_ms": schedule.every_ms,
+        "timezone": schedule.timezone,
+        "job": schedule.job,
+        "catch_up": schedule.catch_up,
+        "paused": schedule.paused,
+        "next_fire_at": rfc3339(schedule.next_fire_at),
+        "last_fire_at": rfc3339(schedule.last_fire_at),
+        "last_job_id": None if schedule.last_job_id is None else str(schedule.last_job_id),
     }

@@ -963,3 +963,74 @@ SELECT * FROM deadman.limit_state WHERE key = %(key)s;
 -- DELETE /limits/{key}: its jobs run unlimited from the next claim; its start log goes
 -- with it (ON DELETE CASCADE).
 DELETE FROM deadman.limits WHERE key = %(key)s RETURNING key;
+
+-- name: schedule_put
+-- PUT /schedules/{name}: create or replace a schedule's definition; a replaced one keeps
+-- whether it is paused and what it last fired. Returns it, and whether it is new.
+INSERT INTO deadman.schedules (name, cron, every_ms, timezone, job, catch_up, next_fire_at)
+VALUES (%(name)s, %(cron)s, %(every_ms)s, %(timezone)s, %(job)s, %(catch_up)s,
+        %(next_fire_at)s)
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, timezone = EXCLUDED.timezone,
+    job = EXCLUDED.job, catch_up = EXCLUDED.catch_up, next_fire_at = EXCLUDED.next_fire_at,
+    updated_at = now()
+RETURNING *, (xmax = 0) AS created;
+
+-- name: schedule_declare
+-- Registry.periodic at worker start: the same as schedule_put, except that a schedule
+-- whose definition did not change keeps its next tick (a fleet restarting one worker
+-- at a time must not move it, and every worker declares it).
+INSERT INTO deadman.schedules (name, cron, every_ms, timezone, job, catch_up, next_fire_at)
+VALUES (%(name)s, %(cron)s, %(every_ms)s, %(timezone)s, %(job)s, %(catch_up)s,
+        %(next_fire_at)s)
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, every_ms = EXCLUDED.every_ms, timezone = EXCLUDED.timezone,
+    job = EXCLUDED.job, catch_up = EXCLUDED.catch_up, updated_at = now(),
+    next_fire_at = CASE
+        WHEN (schedules.cron, schedules.every_ms, schedules.timezone)
+             IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_ms, EXCLUDED.timezone)
+        THEN schedules.next_fire_at ELSE EXCLUDED.next_fire_at END
+RETURNING *, (xmax = 0) AS created;
+
+-- name: schedule_list
+SELECT *, false AS created FROM deadman.schedules ORDER BY name LIMIT %(cap)s;
+
+-- name: schedule_get
+SELECT *, false AS created FROM deadman.schedules WHERE name = %(name)s;
+
+-- name: schedule_delete
+DELETE FROM deadman.schedules WHERE name = %(name)s RETURNING name;
+
+-- name: schedule_set_paused
+-- POST /schedules/{name}/pause and /resume. A resumed schedule does not fire the
+-- ticks it slept through: the scheduler treats them as missed (catch_up).
+UPDATE deadman.schedules SET paused = %(paused)s, updated_at = now()
+WHERE name = %(name)s
+RETURNING *, false AS created;
+
+-- name: schedule_due
+-- The scheduler's tick (as the leader, in its transaction): schedules whose next tick
+-- has come, locked until the tick commits (SKIP LOCKED: a second scheduler that
+-- somehow runs at once takes other rows, never the same one). With the clock the
+-- plan is made against.
+SELECT *, false AS created, now() AS db_now
+FROM deadman.schedules
+WHERE NOT paused AND next_fire_at <= now()
+ORDER BY next_fire_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_fired
+-- In the same transaction as the ticks' jobs: the schedule moves on. A tick is
+-- enqueued exactly once because its job carries the key schedule:<name>:<tick>
+-- (jobs_idempotency_key_uq) and next_fire_at moves past it in the same commit.
+UPDATE deadman.schedules
+SET next_fire_at = %(next_fire_at)s,
+    last_fire_at = COALESCE(%(last_fire_at)s, last_fire_at),
+    last_job_id = COALESCE(%(last_job_id)s, last_job_id)
+WHERE name = %(name)s;
+
+-- name: db_now
+-- The database's clock: a new schedule's first tick is counted from it, as every
+-- later one is (the scheduler plans against schedule_due's now()).
+SELECT now() AS now;

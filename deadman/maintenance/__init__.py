@@ -1,4 +1,4 @@
-"""The maintenance services: rescuer, expirer, cleaner, on one restartable service
+"""The maintenance services: rescuer, expirer, cleaner, scheduler, on one restartable service
 base (``service``), each tick acting only on the leader (``leadership``)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from deadman.maintenance.cleaner import Cleaner, CleanReport
 from deadman.maintenance.expirer import Expirer
 from deadman.maintenance.leadership import Leadership
 from deadman.maintenance.rescuer import Rescuer, RescueReport
+from deadman.maintenance.scheduler import Scheduler
 from deadman.maintenance.service import Service
 from deadman.store import AsyncStore
 
@@ -18,6 +19,7 @@ __all__ = [
     "Leadership",
     "RescueReport",
     "Rescuer",
+    "Scheduler",
     "Service",
     "services",
 ]
@@ -31,4 +33,5 @@ def services(store: AsyncStore, settings: Settings) -> list[Service]:
         Rescuer(store, settings, leadership),
         Expirer(store, settings, leadership),
         Cleaner(store, settings, leadership),
+        Scheduler(store, settings, leadership),
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from deadman.spec.errors import SpecError, validate
 from deadman.spec.job import BackoffSpec, BatchJobSpec, BatchSpec, JobFields, JobSpec, Spec
 from deadman.spec.limits import KeyedName, LimitSpec, RateSpec
+from deadman.spec.schedules import ScheduleSpec
 from deadman.spec.workflow import EdgeSpec, NodeSpec, WorkflowSpec
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "LimitSpec",
     "NodeSpec",
     "RateSpec",
+    "ScheduleSpec",
     "Spec",
     "SpecError",
     "WorkflowSpec",

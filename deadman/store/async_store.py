@@ -20,10 +20,11 @@ from deadman.store.leases import LeaseStore
 from deadman.store.limits import LimitStore
 from deadman.store.maintenance import MaintenanceStore
 from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
+from deadman.store.schedules import ScheduleStore
 from deadman.store.workflows import NewWorkflow, workflow_params
 
 
-class AsyncStore(LeaseStore, MaintenanceStore, LimitStore):
+class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
     """Async access for the worker and the API (see AsyncBase for how statements run)."""
 
     # -- enqueue and read ----------------------------------------------------------

@@ -16,9 +16,10 @@ from deadman.errors import translate
 from deadman.model import JobState
 from deadman.store.async_base import AsyncBase
 from deadman.store.conn import AsyncConn
+from deadman.store.schedules import Firing
 
 #: Leadership keys (rescuer_try_lock): one per maintenance service.
-RESCUER_KEY, EXPIRER_KEY, CLEANER_KEY = 2, 3, 4
+RESCUER_KEY, EXPIRER_KEY, CLEANER_KEY, SCHEDULER_KEY = 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Cleaning:
         await self._all("worker_prune_stale", {"older_than_ms": older_than_ms})
 
 
-class MaintenanceTx(Cleaning):
+class MaintenanceTx(Cleaning, Firing):
     """The maintenance statements on one connection, inside its transaction: the one
     that holds leadership (MaintenanceStore.maintenance_lead)."""
 

@@ -144,6 +144,16 @@ class Worker:
                 )
             return self._sync_pool
 
+    async def _declare_schedules(self) -> None:
+        """Write the registry's periodic schedules to the table (Registry.periodic)."""
+        declared = self.registry.periodics()
+        if not declared or not isinstance(self.store, AsyncStore):
+            return
+        now = await self.store.db_now()
+        for name, spec in declared.items():
+            await self.store.schedule_declare(spec.params(name, now))
+        log.info("schedules_declared", worker=self.worker_id, schedules=sorted(declared))
+
     def request_stop(self) -> None:
         self._signals += 1
         if self._signals >= 2:
@@ -199,6 +209,7 @@ class Worker:
             self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
         )
 
+        await self._declare_schedules()
         await heartbeat.beat()  # registers this worker before it claims anything
         tasks = {
             "completer": asyncio.create_task(completer.run(), name="completer"),

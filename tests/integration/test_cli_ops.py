@@ -228,3 +228,16 @@ def test_subprocess_exit_codes_and_json(db_dsn: str) -> None:
         [*cmd, "jobs", "show", "123456789"], env=env, capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 1 and "no job" in missing.stderr
+
+
+def test_top_shows_limits_and_schedules(db_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with connect(db_dsn) as conn:
+        conn.execute("INSERT INTO deadman.limits (key, concurrency) VALUES ('stripe', 5)")
+        conn.execute(
+            "INSERT INTO deadman.schedules (name, every_ms, job, next_fire_at)"
+            " VALUES ('nightly', 60000, '{\"type\": \"noop\"}', now())"
+        )
+    code, out, _ = run(capsys, "top", "--once", "--database-url", db_dsn)
+    assert code == 0
+    assert "stripe" in out and "limits" in out
+    assert "nightly" in out and "every 60000 ms" in out

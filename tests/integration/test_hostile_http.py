@@ -23,7 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.routing import Route
 
-from deadman.api import routes_jobs, routes_limits, routes_ops, routes_workflows, ui
+from deadman.api import (
+    routes_jobs,
+    routes_limits,
+    routes_ops,
+    routes_schedules,
+    routes_workflows,
+    ui,
+)
 from deadman.api.telemetry import LATENCY, REQUESTS
 from tests.factories import connect, insert_job
 from tests.helpers.api import (
@@ -47,6 +54,7 @@ ROUTES = frozenset(
             *routes_ops.ROUTES,
             *routes_workflows.ROUTES,
             *routes_limits.ROUTES,
+            *routes_schedules.ROUTES,
         )
     ]
     + [ui.MOUNT.path + r.path for r in ui.MOUNT.routes if isinstance(r, Route)]
@@ -273,6 +281,10 @@ API_ROUTES: list[tuple[str, tuple[str, ...]]] = [
     ("/queues/{name}/resume", ("POST",)),
     ("/limits", ("GET",)),
     ("/limits/{name}", ("PUT", "GET", "DELETE")),  # {name}: swept as names are
+    ("/schedules", ("GET",)),
+    ("/schedules/{name}", ("PUT", "GET", "DELETE")),
+    ("/schedules/{name}/pause", ("POST",)),
+    ("/schedules/{name}/resume", ("POST",)),
     ("/workers", ("GET",)),
     ("/stats", ("GET",)),
     ("/health", ("GET",)),

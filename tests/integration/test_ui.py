@@ -152,3 +152,16 @@ def test_unauthenticated_posts_are_refused(db_dsn: str) -> None:
         r = c.post(f"/ui/jobs/{dead}/retry", headers={"Origin": base})
         assert r.status_code == 401
     assert _state(db_dsn, dead) == "dead"
+
+
+def test_the_overview_shows_limits_and_schedules(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        conn.execute("INSERT INTO deadman.limits (key, concurrency) VALUES ('stripe', 5)")
+        conn.execute(
+            "INSERT INTO deadman.schedules (name, cron, job, next_fire_at)"
+            " VALUES ('nightly', '0 2 * * *', '{\"type\": \"noop\"}', now())"
+        )
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        page = c.get("/ui/").text
+    assert "nightly" in page and "0 2 * * *" in page
+    assert "stripe" in page

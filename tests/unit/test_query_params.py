@@ -43,6 +43,7 @@ from deadman.store import (
 )
 from deadman.store.leases import quarantine_claim_params
 from deadman.store.limits import LimitParams, limit_params, list_params
+from deadman.store.schedules import ScheduleParams, schedule_params
 
 PACKAGE = Path(__file__).resolve().parents[2] / "deadman"
 
@@ -72,6 +73,9 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "_workflow_prune_args": lambda: maintenance._workflow_prune_args(PruneParams(1, 1)),
     "limit_params": lambda: limit_params(LimitParams("k", 5, None, None)),
     "list_params": list_params,
+    "schedule_params": lambda: schedule_params(
+        ScheduleParams("s", None, 1000, "UTC", {"type": "t"}, "latest", datetime.now(UTC))
+    ),
 }
 
 #: calls whose parameters are a variable, and where that variable is built

@@ -14,7 +14,7 @@ from typing import Any
 
 from deadman.api.openapi.common import _shared_responses
 from deadman.api.openapi.paths import LINKS, _paths, _with_links
-from deadman.api.openapi.paths_flow import _limit_paths, _workflow_paths
+from deadman.api.openapi.paths_flow import _limit_paths, _schedule_paths, _workflow_paths
 from deadman.api.openapi.schemas import _schemas, _spec_schemas, _workflow_schemas
 from deadman.config import Settings
 
@@ -45,7 +45,9 @@ def document(settings: Settings) -> dict[str, Any]:
                 else "Authentication is off (DEADMAN_API_TOKEN unset)."
             ),
         },
-        "paths": _with_links({**_paths(), **_workflow_paths(), **_limit_paths()}),
+        "paths": _with_links(
+            {**_paths(), **_workflow_paths(), **_limit_paths(), **_schedule_paths()}
+        ),
         "components": {
             "schemas": {**_schemas(), **_workflow_schemas(), **_spec_schemas()},
             "responses": _shared_responses(settings),

@@ -105,3 +105,74 @@ def _limit_paths() -> dict[str, Any]:
             ),
         },
     }
+
+
+def _schedule_paths() -> dict[str, Any]:
+    name = [_queue_name_param("name")]
+    schedule = _ref("Schedule")
+    return {
+        "/schedules": {
+            "get": _op(
+                "listSchedules",
+                "Every schedule, its next and last fire time, by name",
+                {"200": _json(_ref("Schedules"), "The schedules (at most 1000).")},
+                *_READ,
+            )
+        },
+        "/schedules/{name}": {
+            "put": _op(
+                "putSchedule",
+                "Create or replace a schedule",
+                {
+                    "201": _json(schedule, "Created."),
+                    "200": _json(schedule, "Replaced (paused and last fire kept)."),
+                },
+                "MalformedJson",
+                "ContentTooLarge",
+                "UnsupportedMediaType",
+                *_BY_NAME,
+                description="Each tick of `cron` (in `timezone`) or of `every_ms` (since the "
+                "Unix epoch) enqueues `job` once, with the idempotency key "
+                "`schedule:<name>:<tick, RFC 3339 UTC>`, across any number of workers. After "
+                "downtime `latest` enqueues the most recent missed tick once, `none` skips "
+                "to the next; never a burst.",
+                parameters=name,
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("ScheduleSpec")}},
+                },
+            ),
+            "get": _op(
+                "getSchedule",
+                "One schedule",
+                {"200": _json(schedule, "The schedule.")},
+                "NotFound",
+                *_BY_NAME,
+                parameters=name,
+            ),
+            "delete": _op(
+                "deleteSchedule",
+                "Remove a schedule (the jobs it made stay)",
+                {"204": {"description": "Removed."}},
+                "NotFound",
+                *_BY_NAME,
+                parameters=name,
+            ),
+        },
+        **{
+            f"/schedules/{{name}}/{action}": {
+                "post": _op(
+                    f"{action}Schedule",
+                    summary,
+                    {"200": _json(schedule, "The schedule.")},
+                    "NotFound",
+                    *_BY_NAME,
+                    parameters=name,
+                )
+            }
+            for action, summary in (
+                ("pause", "Stop firing a schedule's ticks"),
+                ("resume", "Fire again from the next tick (the ones slept through are missed)"),
+            )
+        },
+    }

@@ -19,7 +19,7 @@ from deadman.api.openapi.common import (
 from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.bounds import ID_PATTERN
 from deadman.model import AttemptOutcome
-from deadman.spec import BatchSpec, JobSpec, LimitSpec, WorkflowSpec
+from deadman.spec import BatchSpec, JobSpec, LimitSpec, ScheduleSpec, WorkflowSpec
 
 
 def _list_of(key: str, item: str) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def _spec_schemas() -> dict[str, Any]:
     """What clients submit, generated from deadman.spec: the same models validate the
     requests, so the document and the server cannot disagree on a bound."""
     _, top = models_json_schema(
-        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec, LimitSpec)],
+        [(m, "validation") for m in (JobSpec, BatchSpec, WorkflowSpec, LimitSpec, ScheduleSpec)],
         ref_template="#/components/schemas/{model}",
     )
     defs: dict[str, Any] = top["$defs"]
@@ -325,6 +325,35 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
         },
         "Limits": _list_of("limits", "Limit"),
+        "Schedule": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "cron": {"type": ["string", "null"]},
+                "every_ms": {"type": ["integer", "null"]},
+                "timezone": {"type": "string"},
+                "job": {"type": "object", "description": "The POST /jobs body of each tick."},
+                "catch_up": {"enum": ["none", "latest"]},
+                "paused": {"type": "boolean"},
+                "next_fire_at": _DATETIME,
+                "last_fire_at": _DATETIME_OR_NULL,
+                "last_job_id": {"type": ["string", "null"], "pattern": ID_PATTERN},
+            },
+            "required": [
+                "name",
+                "cron",
+                "every_ms",
+                "timezone",
+                "job",
+                "catch_up",
+                "paused",
+                "next_fire_at",
+                "last_fire_at",
+                "last_job_id",
+            ],
+            "additionalProperties": False,
+        },
+        "Schedules": _list_of("schedules", "Schedule"),
         "Stats": {
             "type": "object",
             "properties": {

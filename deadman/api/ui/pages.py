@@ -16,7 +16,13 @@ from starlette.responses import Response
 
 from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.schema import parse_id
-from deadman.api.serialize import attempt_json, job_json, worker_json
+from deadman.api.serialize import (
+    attempt_json,
+    job_json,
+    limit_json,
+    schedule_json,
+    worker_json,
+)
 from deadman.api.state import api_state
 from deadman.api.ui.display import SPARK_MINUTES, shorten, spark, url
 from deadman.api.ui.guard import PageError, guarded
@@ -96,6 +102,8 @@ async def overview(request: Request) -> Response:
         queues=queues,
         totals=totals,
         spark_minutes=SPARK_MINUTES,
+        limits=[limit_json(x) for x in await store.limit_list()],
+        schedules=[schedule_json(x) for x in await store.schedule_list()],
     )
 
 
