@@ -120,6 +120,13 @@ class Problem(Exception):
         await send({"type": "http.response.body", "body": response.body})
 
 
+def deleted(found: bool, missing: str) -> Response:
+    """A DELETE's answer: 204, or 404 with ``missing`` when there was nothing."""
+    if not found:
+        raise Problem("not-found", missing)
+    return Response(status_code=204)
+
+
 def validation(errors: Sequence[FieldError], detail: str | None = None) -> Problem:
     """A 422 naming every broken field."""
     if detail is None:

@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from deadman.api import schema
-from deadman.api.problems import Problem
+from deadman.api.problems import Problem, deleted
 from deadman.api.serialize import limit_json
 from deadman.api.state import api_state
 from deadman.spec import LimitSpec
@@ -35,9 +35,7 @@ async def get_limit(request: Request) -> Response:
 async def delete_limit(request: Request) -> Response:
     """204; 404 when the key has no limit. Its jobs run unlimited from the next claim."""
     key = _key(request)
-    if not await api_state(request).store.limit_delete(key):
-        raise Problem("not-found", f"no limit for key {key}")
-    return Response(status_code=204)
+    return deleted(await api_state(request).store.limit_delete(key), f"no limit for key {key}")
 
 
 async def list_limits(request: Request) -> Response:

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from deadman.api import schema
-from deadman.api.problems import Problem
+from deadman.api.problems import Problem, deleted
 from deadman.api.serialize import schedule_json
 from deadman.api.state import api_state
 from deadman.spec import ScheduleSpec
@@ -44,9 +44,7 @@ async def get_schedule(request: Request) -> Response:
 
 async def delete_schedule(request: Request) -> Response:
     name = _name(request)
-    if not await api_state(request).store.schedule_delete(name):
-        raise Problem("not-found", f"no schedule {name}")
-    return Response(status_code=204)
+    return deleted(await api_state(request).store.schedule_delete(name), f"no schedule {name}")
 
 
 async def list_schedules(request: Request) -> Response:

@@ -5,7 +5,7 @@ here, once for sync and async)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from deadman.bounds import LIMITS_LISTED_MAX
@@ -48,12 +48,7 @@ class LimitParams:
 
 
 def limit_params(p: LimitParams) -> dict[str, Any]:
-    return {
-        "key": p.key,
-        "concurrency": p.concurrency,
-        "rate_count": p.rate_count,
-        "rate_per_ms": p.rate_per_ms,
-    }
+    return asdict(p)
 
 
 def limits_of(rows: list[Any]) -> list[Limit]:

@@ -5,7 +5,7 @@ MaintenanceTx)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal, LiteralString
 
@@ -74,15 +74,7 @@ class ScheduleParams:
 
 
 def schedule_params(p: ScheduleParams) -> dict[str, Any]:
-    return {
-        "name": p.name,
-        "cron": p.cron,
-        "every_ms": p.every_ms,
-        "timezone": p.timezone,
-        "job": Jsonb(p.job),
-        "catch_up": p.catch_up,
-        "next_fire_at": p.next_fire_at,
-    }
+    return {**asdict(p), "job": Jsonb(p.job)}
 
 
 def schedules_of(rows: list[Any]) -> list[Schedule]:
