@@ -57,6 +57,7 @@ from tests.factories import insert_job
 from tests.helpers import wait_for
 
 QUEUE = "race"
+KEY = "race-key"
 TTL_MS = 30_000
 MAX_RESCUES = 5
 QUARANTINE_AT = 5
@@ -107,6 +108,15 @@ def _ids(rows: list[DictRow]) -> set[int]:
 def _claim(conn: Conn, w: World) -> list[DictRow]:
     p = ClaimParams(QUEUE, WORKER + "-2", 10, TTL_MS, QUARANTINE_AT)
     return _rows(conn, "job_claim", claim_params(p))
+
+
+def _limit_tighten(conn: Conn, w: World) -> list[DictRow]:
+    """PUT /limits/{key}: the key's limit down to one slot."""
+    return _rows(
+        conn,
+        "limit_put",
+        {"key": KEY, "concurrency": 1, "rate_count": None, "rate_per_ms": None},
+    )
 
 
 def _claim_quarantined(conn: Conn, w: World) -> list[DictRow]:
@@ -203,6 +213,7 @@ STATEMENTS: dict[str, Stmt] = {
     s.name: s
     for s in [
         Stmt("claim", ("job_claim",), _claim, _returned_job),
+        Stmt("limit_tighten", ("limit_put",), _limit_tighten, lambda rows, w: bool(rows)),
         Stmt("claim_quarantined", ("job_claim_quarantined",), _claim_quarantined, _returned_job),
         Stmt("heartbeat", ("job_heartbeat_many",), _heartbeat, _returned_job, fenced=True),
         *(
@@ -346,7 +357,38 @@ def _paused(conn: Conn) -> World:
     return w
 
 
+def _keyed(running: bool, lapsed: bool = False) -> Callable[[Conn], World]:
+    """Jobs of the key KEY under a limit of 2 slots (1 once limit_tighten ran): a
+    queued one, and with ``running`` one holding a slot (``job``, the finishes' and the
+    rescue's target) with a second queued behind it."""
+
+    def setup(conn: Conn) -> World:
+        conn.execute("INSERT INTO deadman.limits (key, concurrency) VALUES (%s, 2)", (KEY,))
+        first = insert_job(
+            conn,
+            state="running" if running else "queued",
+            queue=QUEUE,
+            run_in_s=-1,
+            lease_expires_in_s=-10 if lapsed else 30,
+        )
+        behind = [insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1) for _ in range(2)]
+        conn.execute(
+            "UPDATE deadman.jobs SET limit_key = %s WHERE id = ANY(%s)",
+            (KEY, [first.id, *(b.id for b in behind)]),
+        )
+        if running:
+            # a second slot taken by another worker's attempt: the key is full
+            other = insert_job(conn, state="running", queue=QUEUE, lease_worker="other")
+            conn.execute("UPDATE deadman.jobs SET limit_key = %s WHERE id = %s", (KEY, other.id))
+        return World(job=first.id, token=first.lease_token)
+
+    return setup
+
+
 SETUPS: dict[str, Callable[[Conn], World]] = {
+    "queued_keyed": _keyed(running=False),
+    "running_keyed_full": _keyed(running=True),
+    "running_keyed_lapsed": _keyed(running=True, lapsed=True),
     "queued": _one("queued", run_in_s=-1),
     "retrying_due": _one("retrying", run_in_s=-1),
     "quarantined": _one("queued", run_in_s=-1, rescues=QUARANTINE_AT),
@@ -424,6 +466,15 @@ MATRIX: list[tuple[str, str, str]] = [
     ("cascaded_old", "retry_upstream", "prune"),
     ("cascaded_old", "retry_upstream", "retry"),
     ("cascaded_old", "retry_upstream", "cancel"),
+    # flow control: claimers of one key against each other, a limit change, and the
+    # statements that free a slot (deadman.job_claim_keyed; DECISIONS 38)
+    ("queued_keyed", "claim", "claim"),
+    ("queued_keyed", "claim", "limit_tighten"),
+    ("queued_keyed", "claim", "cancel"),
+    ("queued_keyed", "claim", "pause"),
+    *[("running_keyed_full", "claim", f) for f in FINISHES],
+    ("running_keyed_full", "claim", "limit_tighten"),
+    ("running_keyed_lapsed", "claim", "rescue"),
 ]
 
 
@@ -556,6 +607,27 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
 
     _assert_workflow_counters(conn, world)
     _assert_dependency_counters(conn)
+    _assert_limits_held(conn, world, out)
+
+
+def _assert_limits_held(conn: Conn, world: World, out: Outcome) -> None:
+    """No claim takes a slot past the limit in force when it claimed: 2 slots, or 1
+    once limit_tighten committed before the claim (jobs already running when a limit
+    is lowered keep their slots: it applies from the next claim)."""
+    rows = conn.execute(
+        "SELECT count(*) AS n FROM deadman.jobs WHERE limit_key = %s AND state = 'running'",
+        (KEY,),
+    ).fetchone()
+    if rows is None or not conn.execute("SELECT 1 FROM deadman.limits").fetchone():
+        return
+    order = out.order
+    lowered_first = (
+        "limit_tighten" in order
+        and "claim" in order
+        and order.index("limit_tighten") < order.index("claim")
+    )
+    bound = 1 if lowered_first and world.token is None else 2
+    assert rows["n"] <= bound, f"{rows['n']} jobs of the key run, the limit was {bound}"
 
 
 def _assert_not_claimable(conn: Conn, job_id: int) -> None:
