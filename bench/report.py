@@ -146,6 +146,7 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _rescue(data, w)
     _profile(data, w)
     _before_after(w, md_path)
+    _limits_cost(w, md_path)
     _scaling(data, w)
     _http(data, w)
     _scale(data, w)
@@ -532,6 +533,39 @@ def _before_after(w: Any, md_path: Path) -> None:
         + ". `+changes`: the checkout had uncommitted edits outside the package (the "
         "report itself).\n"
     )
+
+
+def _limits_cost(w: Any, md_path: Path) -> None:
+    """Every committed ``python -m bench.limits_cost`` result: what flow control costs
+    the burn-down (issue 14 asks: unkeyed within 5%, keyed under a generous limit
+    within 25%)."""
+    results = [
+        (path, json.loads(path.read_text()))
+        for path in sorted((md_path.parent / "bench" / "results").glob("limits-*.json"))
+    ]
+    if not results:
+        return
+    w("## What flow control costs the burn-down\n")
+    w(
+        "From `python -m bench.limits_cost --reps 3`, not part of `bench.run`: one "
+        "revision, one private durable cluster, the three shapes alternating rep by "
+        "rep, every run verified exactly once. `limits elsewhere`: 100 limits defined "
+        "for other keys; `keyed`: every job carries a key whose limit never binds.\n"
+    )
+    w("| setting | shape | runs (jobs/s) | median | / unkeyed |")
+    w("|---|---|---|---|---|")
+    for path, data in results:
+        st, m = data["setting"], data.get("machine", {})
+        for shape, runs in data["runs"].items():
+            w(
+                f"| P={st['processes']}, C={st['concurrency']}, {_f(st['jobs'])} jobs | {shape} | "
+                f"{', '.join(_f(r['jobs_per_s']) for r in runs)} | "
+                f"{_f(data['median_jobs_per_s'][shape])} | **{data['ratio_to_unkeyed'][shape]}x** |"
+            )
+        w(
+            f"\nMachine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres "
+            f"{m.get('postgres', '?')}; raw: `{_rel(path, md_path)}`.\n"
+        )
 
 
 def _cpu_bound(data: dict[str, Any], best: dict[str, Any], cores: int) -> list[str]:
