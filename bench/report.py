@@ -530,8 +530,8 @@ def _before_after(w: Any, md_path: Path) -> None:
     w(
         "\nMachines and raw results: "
         + "; ".join(f"{name}: {', '.join(files)}" for name, files in machines.items())
-        + ". `+changes`: the checkout had uncommitted edits outside the package (the "
-        "report itself).\n"
+        + ". `+changes`: the checkout had uncommitted edits (the commit after it holds them; the "
+        "report itself, or a fix measured before it was committed).\n"
     )
 
 
