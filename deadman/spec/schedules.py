@@ -83,6 +83,12 @@ class ScheduleSpec(Spec):
         if (self.cron is None) == (self.every_ms is None):
             yield {"field": f"{prefix}cron", "message": "give exactly one of cron and every_ms"}
         yield from self.job.problems(f"{prefix}job.")
+        for fixed in ("run_at", "start_by", "deadline"):  # one instant, not one per tick
+            if getattr(self.job, fixed) is not None:
+                yield {
+                    "field": f"{prefix}job.{fixed}",
+                    "message": "a scheduled job starts at its tick (use delay_ms)",
+                }
 
     @property
     def rule(self) -> TickRule:

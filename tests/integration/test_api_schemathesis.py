@@ -55,6 +55,7 @@ INEXPRESSIBLE = (
     # a schedule's cron expression and time zone (no JSON Schema says "valid cron")
     "must be a cron expression",
     "must be an IANA time zone",
+    "a scheduled job starts at its tick",
 )
 
 

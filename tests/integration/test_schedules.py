@@ -122,6 +122,11 @@ BAD = [
     ),
     ({"every_ms": 1000, "job": {"type": "t", "depends_on": ["1"]}}, {"job.depends_on"}),
     ({"every_ms": 1000}, {"job"}),
+    ({"every_ms": 1000, "job": {"type": "t", "run_at": "2030-01-01T00:00:00Z"}}, {"job.run_at"}),
+    (
+        {"every_ms": 1000, "job": {"type": "t", "deadline": "2030-01-01T00:00:00Z"}},
+        {"job.deadline"},
+    ),
     ({"every_ms": 1000, "job": {"type": "t"}, "catch_up": "all"}, {"catch_up"}),
     ({"every_ms": 1000, "job": {"type": "t"}, "jitter": 1}, {"jitter"}),
 ]
