@@ -60,7 +60,7 @@ $$;
 
 -- The starts the rate allows at p_at: its count less the starts in the window that
 -- ends at p_at, (p_at - per_ms, p_at]. Starts are stamped by the claim with the
--- clock read after it took the key's lock, so they grow in lock order.
+-- clock read inside the claim that takes them, after its snapshot: they grow in lock order.
 CREATE FUNCTION deadman.limit_available(
     p_key text, p_count integer, p_per_ms integer, p_at timestamptz
 ) RETURNS bigint
@@ -89,7 +89,7 @@ CREATE FUNCTION deadman.job_claim_keyed(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     keys text[];
-    v_now timestamptz;  -- read after the lock: the claim's start time and the window's end
+    v_now timestamptz;  -- read after the lock: what the start log is pruned against
 BEGIN
     IF p_limit <= 0 OR EXISTS (SELECT 1 FROM deadman.queues q
                                WHERE q.name = p_queue AND q.paused) THEN
@@ -113,22 +113,26 @@ BEGIN
     END IF;
 
     PERFORM 1 FROM deadman.limits WHERE key = ANY (keys) ORDER BY key FOR UPDATE;
-    -- now() is this transaction's start, before the wait for the lock: a start stamped
-    -- with it could look older than the finish that freed its slot. The clock read
-    -- here is later than every commit this claim's next snapshot sees.
     v_now := clock_timestamp();
 
     DELETE FROM deadman.limit_starts s USING deadman.limits l
     WHERE s.key = l.key AND l.key = ANY (keys)
       AND s.at < v_now - (l.rate_per_ms::bigint * interval '1 millisecond') - interval '1 minute';
 
+    -- The decisive statement. Its clock is read inside it, after its snapshot was
+    -- taken: now() is the transaction's start, before the wait for the lock, and even a
+    -- clock read between the statements could precede a finish this snapshot sees; a
+    -- start stamped with either could look older than the finish that freed its slot.
     RETURN QUERY
-    WITH allowance AS (
+    WITH clock AS MATERIALIZED (
+        SELECT clock_timestamp() AS t
+    ), allowance AS (
         SELECT u.k AS key, l.rate_count IS NOT NULL AS rated,
                LEAST(p_limit,  -- LEAST skips NULLs: no limit row, no bound
                      l.concurrency - deadman.limit_running(u.k),
-                     deadman.limit_available(u.k, l.rate_count, l.rate_per_ms, v_now)) AS n
+                     deadman.limit_available(u.k, l.rate_count, l.rate_per_ms, clock.t)) AS n
         FROM unnest(keys) AS u (k)
+        CROSS JOIN clock
         LEFT JOIN deadman.limits l ON l.key = u.k
     ), ranked AS (
         SELECT c.id, c.priority, c.run_at, a.n,
@@ -139,9 +143,9 @@ BEGIN
             SELECT j.id, j.priority, j.run_at FROM deadman.jobs j
             WHERE j.queue = p_queue AND j.limit_key = a.key
               AND j.state IN ('queued', 'scheduled', 'retrying')
-              AND j.run_at <= v_now
-              AND (j.start_by IS NULL OR j.start_by > v_now)
-              AND (j.deadline IS NULL OR j.deadline > v_now)
+              AND j.run_at <= now()
+              AND (j.start_by IS NULL OR j.start_by > now())
+              AND (j.deadline IS NULL OR j.deadline > now())
             ORDER BY j.priority DESC, j.run_at, j.id
             LIMIT GREATEST(a.n, 0)
             FOR UPDATE SKIP LOCKED
@@ -155,14 +159,14 @@ BEGIN
             attempt = j.attempt + 1,
             lease_token = nextval('deadman.lease_token_seq'),
             lease_worker = p_worker,
-            lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
-            started_at = v_now
-        FROM chosen c
+            lease_expires_at = clock.t + p_ttl_ms * interval '1 millisecond',
+            started_at = clock.t
+        FROM chosen c, clock
         WHERE j.id = c.id
         RETURNING j.*
     ), logged AS (
         INSERT INTO deadman.limit_starts (key, at)
-        SELECT c.limit_key, v_now FROM claimed c
+        SELECT c.limit_key, clock.t FROM claimed c CROSS JOIN clock
         JOIN allowance a ON a.key = c.limit_key AND a.rated
     )
     SELECT * FROM claimed;

@@ -59,6 +59,29 @@ def peak_overlap(intervals: list[tuple[datetime, datetime | None]]) -> int:
     return peak
 
 
+def _detail(dsn: str, key: str) -> str:
+    """The attempts of ``key`` around its busiest instant, for a failure message."""
+    rows = sql_all(
+        dsn,
+        "SELECT a.lease_token, a.job_id, a.worker, a.started_at, a.finished_at, a.outcome"
+        " FROM deadman.attempts a JOIN deadman.jobs j ON j.id = a.job_id"
+        " WHERE j.limit_key = %s ORDER BY a.started_at",
+        (key,),
+    )
+    best, at = 0, None
+    for r in rows:
+        n = sum(1 for o in rows if o["started_at"] <= r["started_at"] < o["finished_at"])
+        if n > best:
+            best, at = n, r["started_at"]
+    near = [
+        f"{o['lease_token']} j{o['job_id']} {o['worker'][-12:]} {o['started_at']:%H:%M:%S.%f}"
+        f" {o['finished_at']:%H:%M:%S.%f} {o['outcome']}"
+        for o in rows
+        if at is not None and o["started_at"] <= at < o["finished_at"]
+    ]
+    return "\n".join(near)
+
+
 def test_peak_overlap_counts_what_it_should() -> None:
     t = datetime(2026, 1, 1)
     s = timedelta(seconds=1)
@@ -88,8 +111,8 @@ def test_concurrency_is_never_exceeded_and_is_reached(
         )
     _fleet(db_dsn, spawn_worker, 4, 32)
     wait_all_state(db_dsn, ids, "succeeded", timeout=120)
-    assert peak_overlap(_intervals(db_dsn, "stripe")) == 5
-    assert peak_overlap(_intervals(db_dsn, "mail")) == 2
+    assert peak_overlap(_intervals(db_dsn, "stripe")) == 5, _detail(db_dsn, "stripe")
+    assert peak_overlap(_intervals(db_dsn, "mail")) == 2, _detail(db_dsn, "mail")
     assert sql_value(db_dsn, "SELECT count(*) FROM deadman.attempts") == 600
     assert sql_value(db_dsn, "SELECT count(DISTINCT worker) FROM deadman.attempts") > 1
 
