@@ -77,6 +77,25 @@ SELECT key, concurrency, rate_count, rate_per_ms,
        deadman.limit_available(key, rate_count, rate_per_ms, clock_timestamp()) AS available
 FROM deadman.limits;
 
+-- What claiming a job is, written once for every claim (job_claim,
+-- job_claim_quarantined, job_claim_keyed): a running attempt under a new fencing
+-- token, leased to p_worker until p_at + p_ttl_ms. The caller has locked the rows
+-- (FOR UPDATE SKIP LOCKED) and checked they are due; p_at is its clock.
+CREATE FUNCTION deadman.job_start(
+    p_ids bigint[], p_worker text, p_ttl_ms bigint, p_at timestamptz
+) RETURNS SETOF deadman.jobs
+LANGUAGE sql VOLATILE AS $$
+    UPDATE deadman.jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = nextval('deadman.lease_token_seq'),
+        lease_worker = p_worker,
+        lease_expires_at = p_at + p_ttl_ms * interval '1 millisecond',
+        started_at = p_at
+    WHERE j.id = ANY (p_ids)
+    RETURNING j.*
+$$;
+
 -- The keyed claim, in one call: find the keys with due jobs (up to 512, a skip
 -- scan), lock their limit rows in key order (so claimers of a key run one after
 -- another and never deadlock), then, in a fresh snapshot that sees every claim
@@ -154,16 +173,8 @@ BEGIN
     ), chosen AS (
         SELECT id FROM ranked ORDER BY priority DESC, turn, run_at, id LIMIT p_limit
     ), claimed AS (
-        UPDATE deadman.jobs j
-        SET state = 'running',
-            attempt = j.attempt + 1,
-            lease_token = nextval('deadman.lease_token_seq'),
-            lease_worker = p_worker,
-            lease_expires_at = clock.t + p_ttl_ms * interval '1 millisecond',
-            started_at = clock.t
-        FROM chosen c, clock
-        WHERE j.id = c.id
-        RETURNING j.*
+        SELECT s.* FROM clock,
+            deadman.job_start(ARRAY(SELECT id FROM chosen), p_worker, p_ttl_ms, clock.t) s
     ), logged AS (
         INSERT INTO deadman.limit_starts (key, at)
         SELECT c.limit_key, clock.t FROM claimed c CROSS JOIN clock

@@ -152,17 +152,10 @@ WITH keyed AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE deadman.jobs j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_token = nextval('deadman.lease_token_seq'),
-        lease_worker = %(worker)s,
-        lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
-        started_at = now()
-    FROM (SELECT id FROM candidates ORDER BY priority DESC, run_at, id
-          LIMIT %(limit)s - (SELECT count(*) FROM keyed)) c
-    WHERE j.id = c.id
-    RETURNING j.*
+    SELECT * FROM deadman.job_start(
+        ARRAY(SELECT id FROM candidates ORDER BY priority DESC, run_at, id
+              LIMIT %(limit)s - (SELECT count(*) FROM keyed)),
+        %(worker)s, %(ttl_ms)s, now())
 )
 SELECT * FROM keyed
 UNION ALL
@@ -188,16 +181,7 @@ WITH candidates AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE deadman.jobs j
-SET state = 'running',
-    attempt = j.attempt + 1,
-    lease_token = nextval('deadman.lease_token_seq'),
-    lease_worker = %(worker)s,
-    lease_expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond',
-    started_at = now()
-FROM candidates c
-WHERE j.id = c.id
-RETURNING j.*;
+SELECT * FROM deadman.job_start(ARRAY(SELECT id FROM candidates), %(worker)s, %(ttl_ms)s, now());
 
 -- name: job_quarantine_pending
 -- Is a quarantined job due in one of these queues that job_claim_quarantined could
