@@ -646,14 +646,8 @@ WITH deps AS (
            bool_or(state IN ('dead', 'cancelled')) AS blocked
     FROM deps
 ), retried AS (
-    UPDATE deadman.jobs j
-    SET state = CASE WHEN v.pending > 0 THEN 'waiting' ELSE 'queued' END,
-        pending_deps = v.pending, upstream_cancelled = false,
-        attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
-        cancel_requested = false, result = NULL
-    FROM verdict v
-    WHERE j.id = %(id)s AND j.state IN ('dead', 'cancelled') AND v.blocked IS NOT TRUE
-    RETURNING j.*
+    SELECT j.* FROM verdict v, deadman.job_rerun(%(id)s, v.pending) j  -- migrations/0012
+    WHERE v.blocked IS NOT TRUE
 )
 SELECT r.*, CASE WHEN r.state = 'queued' THEN pg_notify('deadman_jobs', r.queue) END
        AS notified
@@ -807,14 +801,9 @@ WITH picked AS (
     LEFT JOIN deps u ON u.id = d.depends_on
     GROUP BY p.id
 ), retried AS (
-    UPDATE deadman.jobs j
-    SET state = CASE WHEN v.pending > 0 THEN 'waiting' ELSE 'queued' END,
-        pending_deps = v.pending, upstream_cancelled = false,
-        attempt = 0, rescues = 0, run_at = now(), finished_at = NULL,
-        cancel_requested = false, result = NULL
-    FROM verdict v
-    WHERE j.id = v.id AND NOT v.blocked
-    RETURNING j.id, j.queue, j.state
+    SELECT j.id, j.queue, j.state
+    FROM verdict v, deadman.job_rerun(v.id, v.pending) j  -- as job_retry does
+    WHERE NOT v.blocked
 )
 SELECT p.id, r.id IS NOT NULL AS replayed,
        CASE WHEN r.state = 'queued' THEN pg_notify('deadman_jobs', r.queue) END AS notified
