@@ -7,45 +7,27 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from deadman.api import schema
-from deadman.api.problems import Problem, deleted
+from deadman.api.named import Named
 from deadman.api.serialize import limit_json
 from deadman.api.state import api_state
 from deadman.spec import LimitSpec
+from deadman.store import AsyncStore
+from deadman.store.limits import Limit
 
-
-def _key(request: Request) -> str:
-    return schema.parse_name(request.path_params["key"], "key")
+LIMITS = Named[Limit]("limits", "key", "no limit for key", limit_json)
 
 
 async def put_limit(request: Request) -> Response:
     """Create or replace a key's limit: 200 with it (it applies from the next claim)."""
-    key = _key(request)
+    key = LIMITS.name(request)
     spec = schema.parse_spec(LimitSpec, await schema.read_json(request))
     return JSONResponse(limit_json(await api_state(request).store.limit_put(spec.params(key))))
 
 
-async def get_limit(request: Request) -> Response:
-    key = _key(request)
-    found = await api_state(request).store.limit_get(key)
-    if found is None:
-        raise Problem("not-found", f"no limit for key {key}")
-    return JSONResponse(limit_json(found))
-
-
-async def delete_limit(request: Request) -> Response:
-    """204; 404 when the key has no limit. Its jobs run unlimited from the next claim."""
-    key = _key(request)
-    return deleted(await api_state(request).store.limit_delete(key), f"no limit for key {key}")
-
-
-async def list_limits(request: Request) -> Response:
-    limits = await api_state(request).store.limit_list()
-    return JSONResponse({"limits": [limit_json(x) for x in limits]})
-
-
 ROUTES = [
-    Route("/limits", list_limits, methods=["GET"]),
-    Route("/limits/{key}", put_limit, methods=["PUT"]),
-    Route("/limits/{key}", get_limit, methods=["GET"]),
-    Route("/limits/{key}", delete_limit, methods=["DELETE"]),
+    LIMITS.list_route(AsyncStore.limit_list),
+    Route(LIMITS.item, put_limit, methods=["PUT"]),
+    LIMITS.get_route(AsyncStore.limit_get),
+    # A deleted key's jobs run unlimited from the next claim.
+    LIMITS.delete_route(AsyncStore.limit_delete),
 ]

@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from deadman.api import schema
+from deadman.api.named import Named
 from deadman.api.openapi import document
 from deadman.api.problems import Problem, unavailable
 from deadman.api.serialize import STATES, worker_json
 from deadman.api.state import ApiState, api_state
 from deadman.errors import DatabaseUnavailable
 from deadman.model import JobState
-from deadman.store import FINISHED_COUNT_CAP
+from deadman.store import FINISHED_COUNT_CAP, AsyncStore
 
 LIVE_STATES: tuple[str, ...] = tuple(s.value for s in JobState if not s.terminal)
 FINISHED_STATES: tuple[str, ...] = tuple(s.value for s in JobState if s.terminal)
@@ -73,26 +73,6 @@ def stats_json(
         "estimated": sorted(estimated),
         "queues": per_queue,
     }
-
-
-async def list_queues(request: Request) -> Response:
-    rows = await api_state(request).store.queue_list()
-    return JSONResponse({"queues": [queue_json(r) for r in rows]})
-
-
-async def pause_queue(request: Request) -> Response:
-    """Workers stop claiming from the queue (running jobs finish); submissions go on."""
-    return await _set_paused(request, True)
-
-
-async def resume_queue(request: Request) -> Response:
-    return await _set_paused(request, False)
-
-
-async def _set_paused(request: Request, paused: bool) -> Response:
-    name = schema.parse_queue_name(request.path_params["name"])
-    row = await api_state(request).store.queue_set_paused(name, paused)
-    return JSONResponse(queue_json(row))
 
 
 async def list_workers(request: Request) -> Response:
@@ -229,10 +209,14 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(document(state.settings))
 
 
+#: Any name is a queue (one may be paused before its first job): never a 404.
+QUEUES = Named[Mapping[str, Any]]("queues", "name", "no queue", queue_json)
+
 ROUTES = [
-    Route("/queues", list_queues, methods=["GET"]),
-    Route("/queues/{name}/pause", pause_queue, methods=["POST"]),
-    Route("/queues/{name}/resume", resume_queue, methods=["POST"]),
+    QUEUES.list_route(AsyncStore.queue_list),
+    # Pausing stops workers claiming from the queue (running jobs finish); submissions
+    # go on.
+    *QUEUES.pause_routes(AsyncStore.queue_set_paused),
     Route("/workers", list_workers, methods=["GET"]),
     Route("/stats", stats, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
