@@ -14,6 +14,9 @@ acknowledged job ran to exactly one effect.
 - ``submit`` and ``http``: the two submission paths (Python client, ``deadman serve``).
 - ``load``: the load phase (fleet, submitter, episodes, the tick loop, the drain).
 - ``verify``: the checks, from the named queries in ``verify.sql``.
+- ``limits``: the ``limits`` scenario's keys, their limits (set before the load) and
+  the seeded draw of each job's key; ``verify_limits`` judges the attempt history
+  against them (``verify_limits.sql``).
 - ``checks``: what the harness itself saw, judged.
 - ``report``: the header, the JSON report and the text printed from it.
 - ``operators``: operators under fire (cancel, retry, bulk replay, pause, one-second

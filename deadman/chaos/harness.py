@@ -23,7 +23,9 @@ modules named in brackets do the work:
 4. **Drain** (``load``): wait until nothing is outstanding (or ``--timeout``), stop
    the workers.
 5. **Verify** (``verify``, ``checks``, ``report``): the SQL of ``verify.sql`` plus
-   what the harness saw; report + JSON.
+   what the harness saw; with the ``limits`` scenario (``limits``: a seeded share of
+   the jobs carry a limit key, the limits set before the load through the submission
+   path) also ``verify_limits.sql``'s checks over the attempt history; report + JSON.
 6. **Operators under fire** (``operators``, the ``operators`` scenario, in ``--all``):
    afterwards, in a database of its own (its one-second retention deletes the jobs
    the exactly-once count above needs), with a fleet and an API server of its own,
@@ -47,11 +49,13 @@ from deadman.chaos import report
 from deadman.chaos.checks import load_checks
 from deadman.chaos.databases import Databases
 from deadman.chaos.faults import Applied
+from deadman.chaos.limits import KEYS
 from deadman.chaos.load import LoadPhase, RunClock
 from deadman.chaos.operators import OperatorsPhase
 from deadman.chaos.ops_config import RETENTION_MS, OperatorsConfig, scaled_jobs
 from deadman.chaos.options import Options
 from deadman.chaos.verify import database_checks, figures
+from deadman.chaos.verify_limits import limit_checks, limit_figures
 from deadman.chaos.verify_ops import sql_text as verify_ops_sql
 from deadman.errors import DeadmanError
 
@@ -97,7 +101,11 @@ class Run:
         acked = load.submitter.acked
         f = figures(dsn, load.submitter.prefix, acked)
         checks = database_checks(f, acked, faults) + load_checks(load, f)
-        result = report.load_json(load, f, checks, self.clock(), dsn)
+        limits = None
+        if "limits" in o.scenarios:
+            limits = limit_figures(dsn, KEYS)
+            checks += limit_checks(limits, load.submitter.keyed)
+        result = report.load_json(load, f, checks, self.clock(), dsn, limits)
         print(report.load_text(result, self.dbs.cluster))
         return result
 

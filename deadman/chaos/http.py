@@ -4,7 +4,8 @@ The harness owns one API server (its own process, on 127.0.0.1, with a queue dep
 cap so that producers running ahead of the fleet meet 429) and submits with the
 standard library's HTTP client, in ``POST /jobs/batch`` requests of 1000 jobs, each
 job carrying its idempotency key. A batch counts as acknowledged when a 201 (or a
-200 replay) came back.
+200 replay) came back. With the limits scenario the limits are set first, with
+``PUT /limits/{key}``.
 
 With the submission-faults scenario, chosen batches (seeded) also suffer:
 
@@ -28,11 +29,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
+from deadman.chaos.limits import KeyLimit
 from deadman.chaos.submit import SubmitRun, SubmitterBase
 from deadman.chaos.workers import vm_hwm_kib
 
@@ -232,6 +235,16 @@ class HttpSubmitter(SubmitterBase):
                 continue
             raise RuntimeError(f"POST /jobs/batch answered {status}: {parsed}")
 
+    def set_limits(self, limits: Sequence[KeyLimit]) -> None:
+        """Set each limit with ``PUT /limits/{key}`` (before any job is submitted);
+        anything but 200 stops the run: its limits checks would judge nothing."""
+        for lim in limits:
+            body = json.dumps(lim.body()).encode()
+            status, _, parsed = self.client.request("PUT", f"/limits/{lim.key}", body)
+            if status != 200:
+                raise RuntimeError(f"PUT /limits/{lim.key} answered {status}: {parsed}")
+        self.client.close()  # the submitter thread opens its own connection
+
     # -- the run -----------------------------------------------------------------------
 
     def run(self) -> None:
@@ -240,13 +253,16 @@ class HttpSubmitter(SubmitterBase):
         faults = random.Random(f"{self.seed}:submit-faults")
         try:
             for first in range(0, self.jobs, BATCH):
+                numbers = range(first, min(first + BATCH, self.jobs))
+                keys = [self.key_of() for _ in numbers]
                 items = [
                     {
                         **self.job_fields,
                         "payload": {"ms": rng.randint(0, self.handler_ms)},
                         "idempotency_key": f"{self.prefix}{n}",
+                        **({} if key is None else {"limit_key": key}),
                     }
-                    for n in range(first, min(first + BATCH, self.jobs))
+                    for n, key in zip(numbers, keys, strict=True)
                 ]
                 body = json.dumps({"jobs": items}).encode()
                 # The first batch always gets both faults: a short run still exercises them.
@@ -258,7 +274,7 @@ class HttpSubmitter(SubmitterBase):
                         self._post("/jobs/batch", body, {}, give_up_after=0.001)
                     self.client_timeouts += 1
                 _, _, parsed = self._send_until_acked(body)
-                self.acked += len(items)
+                self._acknowledged(keys)
                 if self.faults and dup_draw < 0.2:
                     self._duplicate(body, items, parsed)
         except Exception as exc:

@@ -16,6 +16,7 @@ from deadman.chaos import netns
 from deadman.chaos.faults import EPISODES, Applied, FaultPlan
 from deadman.chaos.http import BATCH, ApiServer, HttpSubmitter
 from deadman.chaos.kills import apply_tick
+from deadman.chaos.limits import limited
 from deadman.chaos.netns import Partition
 from deadman.chaos.options import Options
 from deadman.chaos.probe import Db
@@ -121,6 +122,9 @@ class LoadPhase:
         try:
             if self.api is not None:
                 self.api.start()
+            if "limits" in o.scenarios:
+                # through the submission path, before any worker or job exists
+                submitter.set_limits(limited())
             pool.start_all()
             submitter.start()
             runner.start()
@@ -135,8 +139,9 @@ class LoadPhase:
             ctx.stop.set()
             with ctx.lock:
                 pool.stop_all()
-            runner.join(timeout=30)
-            submitter.join(timeout=30)
+            for thread in (runner, submitter):
+                if thread.ident is not None:  # never started: set-up failed before it
+                    thread.join(timeout=30)
             if self.api is not None:
                 self.api_exit = self.api.exit_code()
                 self.api.stop()
@@ -151,7 +156,9 @@ class LoadPhase:
 
     def _submitter(self, deadline: float) -> AnySubmitter:
         o = self.opts
-        run = SubmitRun(o.jobs, o.seed, o.handler_ms, self.ctx.stop, deadline)
+        run = SubmitRun(
+            o.jobs, o.seed, o.handler_ms, self.ctx.stop, deadline, "limits" in o.scenarios
+        )
         if o.submit != "http":
             return Submitter(self.dsn, run)
         # A cap well below the run's size: submission meets 429 and has to wait for

@@ -19,6 +19,7 @@ SCENARIOS = (
     "outrun",
     "partition",
     "submit-faults",
+    "limits",
     "operators",
 )
 

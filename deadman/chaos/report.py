@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from deadman import devdb
+from deadman.chaos import verify_limits
 from deadman.chaos.http import HttpSubmitter
 from deadman.chaos.load import LoadPhase
 from deadman.chaos.operators import Outcome
@@ -32,8 +33,10 @@ def load_json(
     checks: list[Check],
     elapsed: float,
     dsn: str,
+    limits: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The load phase's report: the verdict of its checks, and all that was load."""
+    """The load phase's report: the verdict of its checks, and all that was load;
+    ``limits``: verify_limits.sql's figures by key, with the limits scenario."""
     o, obs, submitter = load.opts, load.obs, load.submitter
     kinds: dict[str, int] = {}
     for a in load.applied:
@@ -64,6 +67,13 @@ def load_json(
         "faults_applied": {"counts": kinds, "events": [a.to_json() for a in load.applied]},
         "dsn": dsn if o.keep else None,
         "verifier_sql": sql_text(),
+        "limits": None
+        if limits is None
+        else {
+            "by_key": verify_limits.summary(limits),
+            "figures": limits,
+            "verifier_sql": verify_limits.sql_text(),
+        },
     }
 
 
@@ -73,6 +83,10 @@ def load_text(r: dict[str, Any], cluster: devdb.Cluster | None) -> str:
     lines = ["", "figures (from verify.sql):"]
     for name, row in f.items():
         lines.append(f"  {name:<15} " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    if r["limits"] is not None:
+        lines.append("limits by key (from verify_limits.sql):")
+        for key, row in r["limits"]["by_key"].items():
+            lines.append(f"  {key:<15} " + ", ".join(f"{k} {v}" for k, v in row.items()))
     obs, fleet = r["observed"], r["fleet"]
     lines += [
         "observed by the harness:",
@@ -108,6 +122,8 @@ def load_text(r: dict[str, Any], cluster: devdb.Cluster | None) -> str:
             root = cluster.datadir.parent
             lines.append(f"stop it with: deadman devdb stop --dir {root} && rm -rf {root}")
     lines += ["", "verifier SQL (deadman/chaos/verify.sql):", r["verifier_sql"]]
+    if r["limits"] is not None:
+        lines += ["verifier SQL (deadman/chaos/verify_limits.sql):", r["limits"]["verifier_sql"]]
     return "\n".join(lines)
 
 

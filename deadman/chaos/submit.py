@@ -8,11 +8,13 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from deadman.chaos.limits import KeyDraw, KeyLimit
 from deadman.client import Client
 from deadman.errors import DeadmanError
 from deadman.model import Backoff
@@ -27,17 +29,20 @@ JOB_BACKOFF = Backoff(strategy="exponential", base_ms=100, max_ms=2000)
 @dataclass(frozen=True)
 class SubmitRun:
     """What either submitter is asked to do: how many jobs, from which seed, with
-    which handler delay, until ``stop`` is set or the deadline (monotonic) passes."""
+    which handler delay, until ``stop`` is set or the deadline (monotonic) passes;
+    ``limits``: a share of the jobs carry a limit key (the ``limits`` scenario)."""
 
     jobs: int
     seed: int
     handler_ms: int
     stop: threading.Event
     deadline: float
+    limits: bool
 
 
 class SubmitterBase(threading.Thread):
-    """What the harness reads from either submitter: progress, resends, the outcome."""
+    """What the harness reads from either submitter: progress (in all and by limit
+    key), resends, the outcome."""
 
     def __init__(self, name: str, run: SubmitRun) -> None:
         super().__init__(name=name, daemon=True)
@@ -48,10 +53,20 @@ class SubmitterBase(threading.Thread):
         self.deadline = run.deadline
         self.prefix = f"chaos-{run.seed}-"  # idempotency keys: <prefix><n>
         self.acked = 0
+        #: acknowledged jobs by limit key (the limits scenario)
+        self.keyed: dict[str, int] = {}
+        self.key_of = KeyDraw(run.seed, run.limits)
         self.resends = 0
         self.error: str | None = None
         self.finished = threading.Event()
         self.duration_s = 0.0
+
+    def _acknowledged(self, keys: Sequence[str | None]) -> None:
+        """A batch of jobs with these limit keys was acknowledged."""
+        self.acked += len(keys)
+        for key in keys:
+            if key is not None:
+                self.keyed[key] = self.keyed.get(key, 0) + 1
 
 
 class Submitter(SubmitterBase):
@@ -64,12 +79,20 @@ class Submitter(SubmitterBase):
         super().__init__("chaos-submitter", run)
         self.dsn = dsn
 
+    def set_limits(self, limits: Sequence[KeyLimit]) -> None:
+        """Set each limit through the Python client (before any job is submitted)."""
+        with Client(self.dsn) as client:
+            for lim in limits:
+                client.set_limit(lim.key, concurrency=lim.concurrency, rate=lim.client_rate())
+
     def run(self) -> None:
         started = time.monotonic()
         rng = random.Random(f"{self.seed}:payload")
         try:
             with Client(self.dsn) as client:
                 for first in range(0, self.jobs, SUBMIT_BATCH):
+                    numbers = range(first, min(first + SUBMIT_BATCH, self.jobs))
+                    keys = [self.key_of() for _ in numbers]
                     batch = [
                         client.job(
                             "chaos-effect",
@@ -77,11 +100,12 @@ class Submitter(SubmitterBase):
                             max_attempts=JOB_MAX_ATTEMPTS,
                             backoff=JOB_BACKOFF,
                             idempotency_key=f"{self.prefix}{n}",
+                            limit_key=key,
                         )
-                        for n in range(first, min(first + SUBMIT_BATCH, self.jobs))
+                        for n, key in zip(numbers, keys, strict=True)
                     ]
                     self._send(client, batch)
-                    self.acked += len(batch)
+                    self._acknowledged(keys)
         except _GaveUp as exc:
             self.error = str(exc)
         finally:

@@ -2,7 +2,7 @@
 real worker processes, real SIGKILL/SIGSTOP, real Postgres restarts and (where the
 kernel allows network namespaces) a real partition.
 
-Small seeded runs (a few thousand jobs, fast ticks, a 1.5 s lease) so that the four
+Small seeded runs (a few thousand jobs, fast ticks, a 1.5 s lease) so that they
 together take about 1.5-2.5 minutes on an otherwise idle 2-core machine. What is
 asserted is read from the harness's JSON report, whose figures come from
 ``deadman/chaos/verify.sql``.
@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from deadman.chaos.limits import KEYS
+from deadman.chaos.verify_limits import CONCURRENCY, RAN, RATE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,6 +125,38 @@ def test_postgres_restarts_fast_and_immediate_lose_nothing(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_limits_hold_through_kills_and_postgres_restarts(tmp_path: Path) -> None:
+    """The limits scenario with SIGKILLs and both Postgres restarts, on the harness's
+    own cluster: a fifth of the jobs carry one of five keys (four limited), and no
+    key's attempts overlapped past its concurrency, nor started past its rate, while
+    every job still ran to exactly one effect."""
+    code, report, out = chaos(
+        tmp_path, "--jobs", "3000", *SMALL, "--kill", "--pg-restart", "--limits",
+        "--seed", "9",
+    )  # fmt: skip
+    assert code == 0, f"{failed(report)}\n{out[-3000:]}"
+    passed = {c["name"] for c in report["checks"] if c["passed"]}
+    assert {CONCURRENCY, RATE, RAN} <= passed
+    by_key = report["limits"]["by_key"]
+    assert set(by_key) == {k.key for k in KEYS}
+    assert 450 <= sum(row["jobs"] for row in by_key.values()) <= 750  # 20% of 3000
+    for k in KEYS:
+        row = by_key[k.key]
+        assert row["succeeded"] == row["jobs"] > 0, row
+        if k.concurrency is not None:
+            assert 0 < row["peak_running"] <= k.concurrency, row
+        if k.rate is not None:
+            assert 0 < row["most_starts_in_window"] <= k.rate[0], row
+    # The kills hit keyed jobs (their slots were held until the rescue), and the same
+    # load on the key without a limit overlapped past the smallest limit: the limits,
+    # not the load, held the others.
+    assert sum(row["rescues"] for row in by_key.values()) > 0
+    assert by_key["chaos-free"]["peak_running"] > 3
+    assert report["figures"]["effects"]["exactly_once"] == 3000
+    assert "limits by key" in out and "-- name: limit_peaks" in out
+
+
+@pytest.mark.slow
 def test_reduced_run_of_every_scenario_over_http(tmp_path: Path) -> None:
     """What CI runs of the full chaos run: every scenario, 5000 jobs, through a real
     ``deadman serve`` (429 from the depth cap, client timeouts, duplicate submissions).
@@ -136,6 +171,7 @@ def test_reduced_run_of_every_scenario_over_http(tmp_path: Path) -> None:
     names = {c["name"] for c in report["checks"]}
     assert any(n.startswith("submission faults") for n in names)
     assert any(n.startswith("outrun (http)") for n in names)
+    assert {CONCURRENCY, RATE, RAN} <= names  # limits set with PUT /limits/{key}
     assert report["http"]["statuses"].get("429", 0) > 0
     assert report["http"]["replays_ok"] > 0 and report["http"]["replays_wrong"] == []
     partition = report["episodes"].get("partition", {})
