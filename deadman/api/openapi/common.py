@@ -30,6 +30,11 @@ def _json(schema_: dict[str, Any], description: str, **headers: Any) -> dict[str
     return response
 
 
+def _body(schema_name: str) -> dict[str, Any]:
+    """A required JSON request body of the schema ``schema_name``."""
+    return {"required": True, "content": {"application/json": {"schema": _ref(schema_name)}}}
+
+
 def _responses(*names: str) -> dict[str, Any]:
     """Shared error responses by status code (components/responses)."""
     codes = {
@@ -142,6 +147,14 @@ IDEMPOTENCY_KEY_HEADER: dict[str, Any] = {
 }
 
 
+#: the shared error responses of each kind of operation
+_READ = ("Unauthorized", "Unavailable")
+_FOUND_OR_NOT = ("Unauthorized", "NotFound", "Unavailable")
+_ACTION = ("Unauthorized", "NotFound", "Conflict", "Unavailable")
+_BY_NAME = ("Unauthorized", "Unprocessable", "Unavailable")
+_FOUND_BY_NAME = ("NotFound", *_BY_NAME)
+
+
 #: What a request that creates jobs can be answered besides success: POST /jobs,
 #: POST /workflows and POST /jobs/batch alike.
 _CREATE_ERRORS = (
@@ -163,10 +176,7 @@ def _keyed_create(body: str, made: str, where: str, what: str) -> dict[str, Any]
     replayed = {"required": True, "schema": {"const": "true"}}
     return {
         "parameters": [IDEMPOTENCY_KEY_HEADER],
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(body)}},
-        },
+        "requestBody": _body(body),
         "responses": {
             "201": _json(_ref(made), "Created.", Location=location),
             "200": _json(

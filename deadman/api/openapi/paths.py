@@ -8,41 +8,21 @@ from typing import Any
 
 from deadman.api import schema
 from deadman.api.openapi.common import (
+    _ACTION,
+    _BY_NAME,
     _CREATE_ERRORS,
+    _FOUND_OR_NOT,
     _NAME,
+    _READ,
     STATES,
-    _job_id_param,
+    _body,
     _json,
     _keyed_create,
-    _queue_name_param,
     _ref,
-    _responses,
 )
+from deadman.api.openapi.operations import _listing, _ok, _on_job, _op, _pause_resume
 from deadman.bounds import ID_PATTERN
 from deadman.store import FINISHED_COUNT_CAP
-
-#: the shared error responses of each kind of operation
-_READ = ("Unauthorized", "Unavailable")
-_FOUND_OR_NOT = ("Unauthorized", "NotFound", "Unavailable")
-_ACTION = ("Unauthorized", "NotFound", "Conflict", "Unavailable")
-_BY_NAME = ("Unauthorized", "Unprocessable", "Unavailable")
-
-
-def _op(
-    operation_id: str,
-    summary: str,
-    ok: dict[str, Any],
-    *errors: str,
-    **more: Any,
-) -> dict[str, Any]:
-    """One operation: its id, summary, answers on success and the shared error
-    responses it may give (``_responses``); ``more``: description, parameters, ..."""
-    return {
-        "operationId": operation_id,
-        "summary": summary,
-        **more,
-        "responses": {**ok, **_responses(*errors)},
-    }
 
 
 def _paths() -> dict[str, Any]:
@@ -64,7 +44,7 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "listJobs",
                 "List jobs, newest first",
-                {"200": _json(_ref("JobPage"), "A page of jobs.")},
+                _ok(_ref("JobPage"), "A page of jobs."),
                 *_BY_NAME,
                 description="Keyset pagination: pass `next_cursor` back as `cursor`. Each "
                 "filter is served by an index, whatever the table size.",
@@ -110,33 +90,28 @@ def _paths() -> dict[str, Any]:
                 "(422, nothing created). 201 if any job was created; 200 with "
                 "`Idempotent-Replayed: true` if all were replays. With "
                 "DEADMAN_MAX_QUEUE_DEPTH, 429 if the batch would take a queue past it.",
-                requestBody={
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("BatchSpec")}},
-                },
+                requestBody=_body("BatchSpec"),
             )
         },
         "/jobs/{id}": {
-            "get": _op(
+            "get": _on_job(
                 "getJob",
                 "One job",
-                {"200": _json(job, "The job.")},
+                _ok(job, "The job."),
                 *_FOUND_OR_NOT,
-                parameters=[_job_id_param()],
             )
         },
         "/jobs/{id}/attempts": {
-            "get": _op(
+            "get": _on_job(
                 "getJobAttempts",
                 "A job's ended attempts, oldest first",
-                {"200": _json(_ref("Attempts"), "The history.")},
+                _ok(_ref("Attempts"), "The history."),
                 *_FOUND_OR_NOT,
                 description="A running attempt is not listed yet: it is the job's lease.",
-                parameters=[_job_id_param()],
             )
         },
         "/jobs/{id}/cancel": {
-            "post": _op(
+            "post": _on_job(
                 "cancelJob",
                 "Cancel a job",
                 {
@@ -148,65 +123,48 @@ def _paths() -> dict[str, Any]:
                 "cancellation requested; the worker hears it at once by NOTIFY (or at its "
                 "next heartbeat at the latest) and stops the handler. Already finished "
                 "(a handler that completed first stays succeeded): 409.",
-                parameters=[_job_id_param()],
             )
         },
         "/jobs/{id}/retry": {
-            "post": _op(
+            "post": _on_job(
                 "retryJob",
                 "Replay a dead or cancelled job",
-                {"200": _json(job, "Queued again.")},
+                _ok(job, "Queued again."),
                 *_ACTION,
                 description="Back to queued, due now, with a fresh set of attempts; the "
                 "attempt history is kept. Any other state: 409.",
-                parameters=[_job_id_param()],
             )
         },
-        "/queues": {
-            "get": _op(
-                "listQueues",
-                "Queues with their unfinished jobs by state",
-                {"200": _json(_ref("Queues"), "The queues, by name.")},
-                *_READ,
-                description="Every queue with unfinished jobs or that was "
-                "paused/resumed. Counts are exact and read only unfinished rows, so they "
-                "cost in proportion to the backlog, not to the finished jobs retention "
-                "keeps; finished jobs are counted in total by GET /stats.",
-            )
-        },
-        "/queues/{name}/pause": {
-            "post": _op(
-                "pauseQueue",
+        **_listing(
+            "Queue",
+            "Queues with their unfinished jobs by state",
+            "The queues, by name.",
+            description="Every queue with unfinished jobs or that was "
+            "paused/resumed. Counts are exact and read only unfinished rows, so they "
+            "cost in proportion to the backlog, not to the finished jobs retention "
+            "keeps; finished jobs are counted in total by GET /stats.",
+        ),
+        **_pause_resume(
+            "Queue",
+            _BY_NAME,
+            (
                 "Stop workers claiming from a queue",
-                {"200": _json(_ref("Queue"), "Paused.")},
-                *_BY_NAME,
-                description="Running jobs finish; submissions are still accepted. A "
-                "queue can be paused before it has jobs.",
-                parameters=[_queue_name_param()],
-            )
-        },
-        "/queues/{name}/resume": {
-            "post": _op(
-                "resumeQueue",
-                "Let workers claim from a queue again",
-                {"200": _json(_ref("Queue"), "Resumed.")},
-                *_BY_NAME,
-                parameters=[_queue_name_param()],
-            )
-        },
-        "/workers": {
-            "get": _op(
-                "listWorkers",
-                "Registered workers, their last heartbeat and jobs held",
-                {"200": _json(_ref("Workers"), "The workers, by id.")},
-                *_READ,
-            )
-        },
+                "Paused.",
+                "Running jobs finish; submissions are still accepted. A queue can be paused "
+                "before it has jobs.",
+            ),
+            ("Let workers claim from a queue again", "Resumed.", None),
+        ),
+        **_listing(
+            "Worker",
+            "Registered workers, their last heartbeat and jobs held",
+            "The workers, by id.",
+        ),
         "/stats": {
             "get": _op(
                 "getStats",
                 "Job counts by state in total, unfinished ones per queue",
-                {"200": _json(_ref("Stats"), "The counts.")},
+                _ok(_ref("Stats"), "The counts."),
                 *_READ,
                 description="Unfinished states are exact (as GET /queues). Finished "
                 f"states (succeeded, dead, cancelled) are counted exactly up to "
@@ -274,7 +232,7 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "openapi",
                 "This document",
-                {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
+                _ok({"type": "object"}, "OpenAPI 3.1."),
                 "Unauthorized",
             )
         },
