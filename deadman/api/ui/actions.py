@@ -7,30 +7,46 @@ credentials and that the form came from one of our pages.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
 
 from deadman.api.state import api_state
-from deadman.api.ui.guard import guarded, read_form
+from deadman.api.ui.guard import Handler, guarded, read_form
 from deadman.api.ui.pages import path_id
 from deadman.api.ui.render import message, page
 from deadman.errors import InvalidJob
 from deadman.model import validate_queue, validate_type
+from deadman.store import AsyncStore
+
+#: The job page's buttons, by the last step of their path: each runs the store method
+#: the JSON API's POST /jobs/{id}/<action> runs. retry replays a dead (or cancelled)
+#: job; cancel stops it (or asks its worker to).
+_JOB_ACTIONS: dict[str, Callable[[AsyncStore, int], Awaitable[object]]] = {
+    "retry": AsyncStore.job_retry,
+    "cancel": AsyncStore.job_cancel,
+}
 
 
-@guarded
-async def retry(request: Request) -> Response:
-    """Replay one dead (or cancelled) job, then show it (its page refreshes itself)."""
-    job_id = path_id(request)
-    await api_state(request).store.job_retry(job_id)
-    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+def _on_job(run: Callable[[AsyncStore, int], Awaitable[object]]) -> Handler:
+    @guarded
+    async def action(request: Request) -> Response:
+        """Run the action, then show the job (its page refreshes itself)."""
+        job_id = path_id(request)
+        await run(api_state(request).store, job_id)
+        return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+    return action
 
 
-@guarded
-async def cancel(request: Request) -> Response:
-    job_id = path_id(request)
-    await api_state(request).store.job_cancel(job_id)
-    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+#: A route each, as in the JSON API: an unknown action matches no route (the app's 404),
+#: and each has its own route label in the request metrics.
+JOB_ROUTES = [
+    Route(f"/jobs/{{id}}/{name}", _on_job(run), methods=["POST"])
+    for name, run in _JOB_ACTIONS.items()
+]
 
 
 @guarded
