@@ -123,11 +123,7 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
     """A schedule as GET /schedules/{name} shows it (the Schedule schema in openapi)."""
     return {
         "name": schedule.name,
-        "cron": schedule.cron,
-        "every_ms": schedule.every_ms,
-        "timezone": schedule.timezone,
-        "job": schedule.job,
-        "catch_up": schedule.catch_up,
+        **schedule.body(),
         "paused": schedule.paused,
         "next_fire_at": rfc3339(schedule.next_fire_at),
         "last_fire_at": rfc3339(schedule.last_fire_at),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from psycopg.rows import DictRow
@@ -35,13 +35,8 @@ class ClaimParams:
 
 
 def claim_params(p: ClaimParams) -> dict[str, Any]:
-    return {
-        "queue": p.queue,
-        "worker": p.worker,
-        "limit": p.limit,
-        "ttl_ms": p.ttl_ms,
-        "quarantine_at": p.quarantine_at,
-    }
+    """job_claim's: every field, by its name (as limit_params)."""
+    return asdict(p)
 
 
 def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:

@@ -17,6 +17,10 @@ from deadman.model import Job
 from deadman.store.async_base import AsyncBase
 from deadman.store.jobs import NewJob
 
+#: A schedule's definition: the fields PUT /schedules/{name} sets (ScheduleSpec), which
+#: the scheduler reads back (Schedule.body) and the API shows.
+DEFINITION = ("cron", "every_ms", "timezone", "job", "catch_up")
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -51,13 +55,7 @@ class Schedule:
 
     def body(self) -> dict[str, Any]:
         """The definition as ScheduleSpec reads it (the scheduler re-checks it)."""
-        return {
-            "cron": self.cron,
-            "every_ms": self.every_ms,
-            "timezone": self.timezone,
-            "job": self.job,
-            "catch_up": self.catch_up,
-        }
+        return {field: getattr(self, field) for field in DEFINITION}
 
 
 @dataclass(frozen=True)
