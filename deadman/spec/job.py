@@ -28,6 +28,12 @@ from deadman.storable import FieldError
 from deadman.store.jobs import NewJob
 
 
+def _optional(description: str) -> Any:
+    """An optional field: None when left out (what that means, or what a value does, is
+    in ``description``, which the OpenAPI document shows)."""
+    return Field(None, description=description)
+
+
 class Spec(BaseModel):
     """Unknown fields are refused; no type is coerced into another ("5" is not 5)."""
 
@@ -47,8 +53,8 @@ class BackoffSpec(Spec):
     noun: ClassVar[str] = "backoff"
     strategy: Literal["exponential", "fixed"] = "exponential"
     base_ms: BackoffMs = 1000
-    max_ms: Maybe[BackoffMs] = Field(
-        None, description="At least base_ms. Default: the larger of 300000 and base_ms."
+    max_ms: Maybe[BackoffMs] = _optional(
+        "At least base_ms. Default: the larger of 300000 and base_ms."
     )
     jitter: Literal["full", "none"] = "full"
 
@@ -69,42 +75,35 @@ class JobFields(Spec):
     model_config = ConfigDict(json_schema_extra={"not": {"required": ["run_at", "delay_ms"]}})
 
     type: Name = Field(description="The handler to run: 1-128 of [A-Za-z0-9_.:-].")
-    payload: Any = Field(None, description="Any JSON; the handler's input. Default null.")
+    payload: Any = _optional("Any JSON; the handler's input. Default null.")
     queue: Name = "default"
     priority: Priority = Field(0, description="Higher runs first.")
-    max_attempts: Maybe[MaxAttempts] = Field(
-        None, description="Default: the server's DEADMAN_MAX_ATTEMPTS."
-    )
+    max_attempts: Maybe[MaxAttempts] = _optional("Default: the server's DEADMAN_MAX_ATTEMPTS.")
     backoff: Maybe[BackoffSpec] = None
-    run_at: Maybe[Timestamp] = Field(
-        None,
-        description="RFC 3339 with an offset (Z or +hh:mm). Not with delay_ms. "
-        "Between 0001-01-02 and 9999-12-30.",
+    run_at: Maybe[Timestamp] = _optional(
+        "RFC 3339 with an offset (Z or +hh:mm). Not with delay_ms. "
+        "Between 0001-01-02 and 9999-12-30."
     )
     delay_ms: DelayMs = Field(
         0, description="Run this many milliseconds from now. Not with run_at."
     )
-    timeout_ms: Maybe[TimeoutMs] = Field(None, description="Cancel an attempt that runs longer.")
-    start_by: Maybe[Timestamp] = Field(
-        None,
-        description="Schedule-to-start: a job not started by then ends dead with "
-        "last_error `expired`, without running.",
+    timeout_ms: Maybe[TimeoutMs] = _optional("Cancel an attempt that runs longer.")
+    start_by: Maybe[Timestamp] = _optional(
+        "Schedule-to-start: a job not started by then ends dead with "
+        "last_error `expired`, without running."
     )
-    deadline: Maybe[Timestamp] = Field(
-        None,
-        description="Total, across retries: no attempt starts after it; the job then "
-        "ends dead with last_error `deadline`.",
+    deadline: Maybe[Timestamp] = _optional(
+        "Total, across retries: no attempt starts after it; the job then "
+        "ends dead with last_error `deadline`."
     )
-    heartbeat_timeout_ms: Maybe[TimeoutMs] = Field(
-        None,
-        description="A handler that stops calling ctx.heartbeat() for this long is "
-        "treated as hung: its attempt ends timed_out and the job retries as usual.",
+    heartbeat_timeout_ms: Maybe[TimeoutMs] = _optional(
+        "A handler that stops calling ctx.heartbeat() for this long is "
+        "treated as hung: its attempt ends timed_out and the job retries as usual."
     )
 
-    limit_key: Maybe[Name] = Field(
-        None,
-        description="Flow control: a limit on this key (PUT /limits/{key}) bounds how many "
-        "of its jobs run at once and how often they start. No limit: unlimited.",
+    limit_key: Maybe[Name] = _optional(
+        "Flow control: a limit on this key (PUT /limits/{key}) bounds how many "
+        "of its jobs run at once and how often they start. No limit: unlimited."
     )
 
     def problems(self, prefix: str = "") -> Iterator[FieldError]:
@@ -147,8 +146,8 @@ class JobSpec(JobFields):
 class BatchJobSpec(JobSpec):
     """One job of a batch: a job with its own idempotency key."""
 
-    idempotency_key: Maybe[Key] = Field(
-        None, description="Like the Idempotency-Key header of POST /jobs; unique within the batch."
+    idempotency_key: Maybe[Key] = _optional(
+        "Like the Idempotency-Key header of POST /jobs; unique within the batch."
     )
 
     def to_new_job(self, idempotency_key: str | None = None) -> NewJob:
