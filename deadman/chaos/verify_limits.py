@@ -26,7 +26,7 @@ from deadman.db.queries import parse
 VERIFY_LIMITS_SQL = (
     resources.files("deadman.chaos").joinpath("verify_limits.sql").read_text(encoding="utf-8")
 )
-QUERIES: dict[str, LiteralString] = parse(VERIFY_LIMITS_SQL)
+LIMIT_SQL: dict[str, LiteralString] = parse(VERIFY_LIMITS_SQL)
 
 CONCURRENCY = "limits: no key's attempts overlapped past its concurrency (attempt history)"
 RATE = "limits: no window of a key's rate held more starts than its count (attempt history)"
@@ -64,15 +64,15 @@ def limit_figures(dsn: str, keys: Sequence[KeyLimit]) -> dict[str, dict[str, Any
     """By key: its limit, its peaks (limit_peaks) and its jobs (limit_jobs); and, for a
     key whose peak passed its concurrency, the attempts open at that peak."""
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
-        peaks = conn.execute(QUERIES["limit_peaks"], peaks_params(keys)).fetchall()
-        jobs = {r["key"]: r for r in conn.execute(QUERIES["limit_jobs"], jobs_params(keys))}
+        peaks = conn.execute(LIMIT_SQL["limit_peaks"], peaks_params(keys)).fetchall()
+        jobs = {r["key"]: r for r in conn.execute(LIMIT_SQL["limit_jobs"], jobs_params(keys))}
         out: dict[str, dict[str, Any]] = {}
         for row in peaks:
             key = row["key"]
             figures = {**row, **jobs[key]}
             if row["concurrency"] is not None and row["peak_running"] > row["concurrency"]:
                 figures["open_at_peak"] = conn.execute(
-                    QUERIES["limit_open_at"], open_at_params(key, row["peak_running_at"])
+                    LIMIT_SQL["limit_open_at"], open_at_params(key, row["peak_running_at"])
                 ).fetchall()
             out[key] = figures
     return out

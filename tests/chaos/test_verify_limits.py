@@ -18,7 +18,7 @@ import pytest
 from deadman.chaos.limits import KeyLimit
 from deadman.chaos.verify_limits import (
     CONCURRENCY,
-    QUERIES,
+    LIMIT_SQL,
     RAN,
     RATE,
     jobs_params,
@@ -216,5 +216,5 @@ def test_duplicate_executions_are_counted_by_key(history: History) -> None:
 def test_each_query_gets_exactly_its_placeholders(name: str, params: dict[str, Any]) -> None:
     """As tests/unit/test_query_params.py does for queries.sql (it skips the harness):
     a key the query does not use would be ignored in silence."""
-    assert set(params) == set(re.findall(r"%\(([a-z_]+)\)s", QUERIES[name]))
-    assert set(QUERIES) == {"limit_peaks", "limit_jobs", "limit_open_at"}
+    assert set(params) == set(re.findall(r"%\(([a-z_]+)\)s", LIMIT_SQL[name]))
+    assert set(LIMIT_SQL) == {"limit_peaks", "limit_jobs", "limit_open_at"}
