@@ -39,7 +39,7 @@ def add_parsers(
     )
     ch.add_argument("--keep", action="store_true", help="leave the cluster running, print DSN")
     ch.add_argument("--unsafe-effects", action="store_true", help="negative control")
-    for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition"):
+    for scenario in ("kill", "zombie", "pg-restart", "conn-kill", "outrun", "partition", "limits"):
         ch.add_argument(f"--{scenario}", action="store_true")
     ch.add_argument("--submit-faults", action="store_true", help="needs --submit http")
     ch.add_argument(
