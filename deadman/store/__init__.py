@@ -7,11 +7,13 @@ else (``deadman.errors.translate``).
 
 A package of small modules by noun: what a client submits (``jobs``, ``batches``,
 ``workflows``), the worker's lease lifecycle (``leases``), the rescuer's and
-cleaner's parameters (``maintenance``), listing (``reads``); and the two ways to
-run the statements: ``AsyncStore`` (the worker and the API, over a pool; its
-connection handling in ``async_base``) and ``SyncStore`` (the Python client and
-sync handlers, on the caller's connection so that an enqueue joins the caller's
-transaction). Everything is importable from here.
+cleaner's parameters (``maintenance``), listing (``reads``). The statements the
+clients and both stores share are written once as plans (``plans``; the runners in
+``plan``: sync and async, on any connection); they run in ``AsyncStore`` (the worker
+and the API, over a pool; its connection handling in ``async_base``), ``SyncStore``
+(sync handlers, on the caller's connection) and ``deadman.Client`` /
+``deadman.AsyncClient`` (on their own pool, or the caller's connection so that an
+enqueue joins the caller's transaction). Everything is importable from here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The async store's connection handling: a pool, one statement per call in
-autocommit, errors translated where the connection is taken, transient trouble
-retried."""
+autocommit (or a plan of several, deadman.store.plan), errors translated where the
+connection is taken, transient trouble retried."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from typing import Any, LiteralString, Self
+from collections.abc import Awaitable, Callable
+from typing import Any, LiteralString, Self, TypeVar
 
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
@@ -23,6 +24,9 @@ from deadman.db.pool import async_pool
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.store.conn import AsyncConn
+from deadman.store.plan import Plan, run_async
+
+R = TypeVar("R")
 
 
 class AsyncBase:
@@ -70,25 +74,41 @@ class AsyncBase:
         *,
         prepare: bool | None = None,
     ) -> list[DictRow]:
+        return await self._retried(lambda: self._once(name, params, prepare), retry_s)
+
+    async def _plan(self, plan: Plan[R], retry_s: float | None = None) -> R:
+        """``plan`` (deadman.store.plans) on a pooled connection, retried whole as
+        ``_all`` retries one statement (a fresh run of its steps each try)."""
+
+        async def once() -> R:
+            with translate():
+                async with self.pool.connection() as conn:
+                    return await run_async(conn, plan)
+
+        return await self._retried(once, retry_s)
+
+    async def _retried(self, attempt: Callable[[], Awaitable[R]], retry_s: float | None) -> R:
+        """``attempt()``, tried again on DatabaseUnavailable for up to ``retry_s``
+        seconds (None: the store's)."""
         # The first try runs outside tenacity: building and driving its retry state
         # costs ~0.15 ms per statement (measured), on every claim's critical path,
         # and almost every statement succeeds at once. Only a failure pays for it.
         started = time.monotonic()
         try:
-            return await self._once(name, params, prepare)
+            return await attempt()
         except DatabaseUnavailable:
             budget = (self.retry_s if retry_s is None else retry_s) - (time.monotonic() - started)
             if budget <= 0:
                 raise
         await asyncio.sleep(random.uniform(0.05, 0.1))  # the wait tenacity puts after try 1
-        async for attempt in AsyncRetrying(
+        async for retry in AsyncRetrying(
             retry=retry_if_exception_type(DatabaseUnavailable),
             stop=stop_after_delay(budget),
             wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.05),
             reraise=True,
         ):
-            with attempt:
-                return await self._once(name, params, prepare)
+            with retry:
+                return await attempt()
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import DictRow
 
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
-from deadman.model import (
-    Job,
-    JobState,
-)
-from deadman.store import batches
-from deadman.store.jobs import NewJob, deps_verdict
+from deadman.model import Job
+from deadman.store import batches, plans
+from deadman.store.jobs import NewJob
 from deadman.store.leases import LeaseStore
 from deadman.store.limits import LimitStore
 from deadman.store.maintenance import MaintenanceStore
+from deadman.store.plans import WorkflowRows, jobs_of
 from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
 from deadman.store.schedules import ScheduleStore
-from deadman.store.workflows import NewWorkflow, workflow_params
+from deadman.store.workflows import NewWorkflow
 
 
 class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
@@ -30,46 +27,19 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
     # -- enqueue and read ----------------------------------------------------------
 
     async def job_insert(self, job: NewJob, default_max_attempts: int) -> Job | None:
-        if job.depends_on:
-            return await self._job_insert_with_deps(job, default_max_attempts)
         # Without an idempotency key a retry after a lost COMMIT acknowledgement would
-        # insert the job twice, so only keyed inserts are retried.
-        rows = await self._all(
-            "job_insert",
-            job.params(default_max_attempts),
-            retry_s=None if job.idempotency_key else 0,
+        # insert the job twice, so only keyed inserts are retried; and never one with
+        # dependencies (its transaction's outcome is as unknown).
+        retried = job.idempotency_key is not None and not job.depends_on
+        return await self._plan(
+            plans.job_insert(job, default_max_attempts), retry_s=None if retried else 0
         )
-        return _first_job(rows)
-
-    async def _job_insert_with_deps(self, job: NewJob, default_max_attempts: int) -> Job | None:
-        """Lock the dependencies, insert the job, insert its edges: one transaction."""
-        deps = list(job.depends_on)
-        with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["job_deps_lock"], {"ids": deps})
-                pending, upstream = deps_verdict(deps, await cur.fetchall())
-                cur = await conn.execute(
-                    QUERIES["job_insert"],
-                    job.params(
-                        default_max_attempts,
-                        pending_deps=pending,
-                        upstream_error=upstream,
-                    ),
-                )
-                row = await cur.fetchone()
-                if row is None:
-                    return None
-                await conn.execute(
-                    QUERIES["job_deps_insert"],
-                    {"job_id": row["id"], "depends_on": deps},
-                )
-                return Job.from_row(row)
 
     async def job_get(self, job_id: int) -> Job | None:
-        return _first_job(await self._all("job_get", {"id": job_id}))
+        return await self._plan(plans.job_get(job_id))
 
     async def job_get_many(self, ids: Sequence[int]) -> list[Job]:
-        return _jobs(await self._all("job_get_many", {"ids": list(ids)}))
+        return jobs_of(await self._all("job_get_many", {"ids": list(ids)}))
 
     async def job_attempts(self, job_id: int) -> list[DictRow]:
         return await self._all("job_attempts", {"id": job_id})
@@ -77,11 +47,11 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
     # -- the HTTP API --------------------------------------------------------------
 
     async def job_get_by_idempotency_key(self, key: str) -> Job | None:
-        return _first_job(await self._all("job_get_by_idempotency_key", {"idempotency_key": key}))
+        return await self._plan(plans.job_get_by_idempotency_key(key))
 
     async def job_get_many_by_idempotency_key(self, keys: Sequence[str]) -> list[Job]:
         """The jobs holding any of ``keys`` (one read, the unique key index)."""
-        return _jobs(await self._all("job_get_many_by_idempotency_key", {"keys": list(keys)}))
+        return jobs_of(await self._all("job_get_many_by_idempotency_key", {"keys": list(keys)}))
 
     async def job_insert_many_returning(
         self, jobs: Sequence[NewJob], default_max_attempts: int
@@ -106,13 +76,13 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
                         verdicts = batches.batch_verdicts(jobs, await cur.fetchall())
                     params = batches.batch_params(jobs, default_max_attempts, verdicts)
                     cur = await conn.execute(QUERIES["job_insert_many_returning"], params)
-                    inserted = _jobs(await cur.fetchall())
+                    inserted = jobs_of(await cur.fetchall())
                     existing: list[Job] = []
                     if len(inserted) < len(jobs) and keys:
                         cur = await conn.execute(
                             QUERIES["job_get_many_by_idempotency_key"], {"keys": keys}
                         )
-                        existing = _jobs(await cur.fetchall())
+                        existing = jobs_of(await cur.fetchall())
                     result = batches.match_batch(jobs, inserted, existing)
                     if result.mismatched or result.vanished:
                         raise psycopg.Rollback()  # caught by conn.transaction(): rolled back
@@ -136,64 +106,35 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
         with translate():
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["job_list"], params, prepare=False)
-                return _jobs(await cur.fetchall())
+                return jobs_of(await cur.fetchall())
 
     async def job_cancel(self, job_id: int) -> Job | None:
-        return _first_job(await self._all("job_cancel", {"id": job_id}))
+        return await self._plan(plans.job_cancel(job_id))
 
-    # -- workflows -------------------------------------------------------------------
+    # -- workflows (not retried: as a job with dependencies) ---------------------------
 
     async def workflow_insert(
         self, wf: NewWorkflow, default_max_attempts: int
-    ) -> tuple[DictRow, list[Job]] | None:
-        """The workflow, its nodes and its edges in one statement; None when its
-        idempotency key is taken (then read :meth:`workflow_get_by_idempotency_key`)."""
-        return await self._workflow_with_nodes(
-            "workflow_insert", workflow_params(wf, default_max_attempts)
-        )
+    ) -> WorkflowRows | None:
+        """See :func:`deadman.store.plans.workflow_insert`."""
+        return await self._plan(plans.workflow_insert(wf, default_max_attempts), retry_s=0)
 
-    async def workflow_get_by_idempotency_key(self, key: str) -> tuple[DictRow, list[Job]] | None:
-        return await self._workflow_with_nodes(
-            "workflow_get_by_idempotency_key", {"idempotency_key": key}
-        )
+    async def workflow_get_by_idempotency_key(self, key: str) -> WorkflowRows | None:
+        return await self._plan(plans.workflow_get_by_idempotency_key(key), retry_s=0)
 
-    async def workflow_get(self, workflow_id: int) -> tuple[DictRow, list[Job]] | None:
-        return await self._workflow_with_nodes("workflow_get", {"id": workflow_id})
-
-    async def _workflow_with_nodes(
-        self, name: LiteralString, params: dict[str, Any]
-    ) -> tuple[DictRow, list[Job]] | None:
-        """``name`` returns (or inserts and returns) one workflow row; its nodes are read
-        in the same transaction, so row and nodes are one snapshot."""
-        with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES[name], params)
-                row = await cur.fetchone()
-                if row is None:
-                    return None
-                cur = await conn.execute(QUERIES["workflow_nodes"], {"id": row["id"]})
-                return row, _jobs(await cur.fetchall())
+    async def workflow_get(self, workflow_id: int) -> WorkflowRows | None:
+        return await self._plan(plans.workflow_get(workflow_id), retry_s=0)
 
     async def workflow_cancel(self, workflow_id: int) -> list[DictRow]:
         """Cancel the unfinished nodes; returns (id, state) of those it touched."""
         return await self._all("workflow_cancel", {"id": workflow_id})
 
     async def job_retry(self, job_id: int) -> Job | None:
-        return _first_job(await self._all("job_retry", {"id": job_id}))
+        return await self._plan(plans.job_retry(job_id))
 
     async def job_retry_refusal(self, job_id: int) -> str | None:
         """Why job_retry returned nothing, in words; None when there is no such job."""
-        job = await self.job_get(job_id)
-        if job is None:
-            return None
-        blocking = await self._all("job_blocking_deps", {"id": job_id})
-        if job.state in (JobState.DEAD, JobState.CANCELLED) and blocking:
-            names = ", ".join(f"{r['name']} ({r['state']})" for r in blocking)
-            return (
-                f"job {job_id} depends on {names}: retry that first; the jobs it "
-                "cancelled reopen with it"
-            )
-        return f"job {job_id} is {job.state.value}; only dead or cancelled jobs can be retried"
+        return await self._plan(plans.job_retry_refusal(job_id))
 
     async def queue_depth_get(self, queue: str, cap: int) -> int:
         """Jobs waiting in ``queue``, counted up to ``cap`` at most."""
@@ -246,12 +187,3 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
         rows = await self._all("schema_version_get", {})
         version = rows[0]["version"] if rows else None
         return None if version is None else int(version)
-
-
-def _first_job(rows: Sequence[DictRow]) -> Job | None:
-    """The statement's one row as a job; None when it matched no row."""
-    return Job.from_row(rows[0]) if rows else None
-
-
-def _jobs(rows: Sequence[DictRow]) -> list[Job]:
-    return [Job.from_row(r) for r in rows]

@@ -3,8 +3,9 @@
 psycopg raises when a placeholder has no value, but a key the query does not use is
 ignored in silence: a renamed placeholder then leaves its value behind and the
 query's own default (or NULL) goes to Postgres. So this test reads the package's
-source (ast), finds every ``self._all("name", ...)`` / ``_once`` and every
-``execute(QUERIES["name"], ...)``, and compares the keys passed with the
+source (ast), finds every ``self._all("name", ...)`` / ``_once``, every plan step
+``Query("name", ...)`` (deadman.store.plan) and every ``execute(QUERIES["name"], ...)``,
+and compares the keys passed with the
 ``%(placeholders)s`` of the query:
 - a dict literal: its keys;
 - a parameter builder (``claim_params(...)``, ``NewJob.params(...)``, ...): the keys
@@ -83,19 +84,14 @@ UNCHECKED = {
     ("store/async_base.py", "<name>"): "_once(name, params): the caller's literal or builder",
     ("store/async_store.py", "job_insert_many_returning"): "params = batch_params(...)",
     ("store/async_store.py", "job_list"): "params: a dict literal built just above",
-    ("store/async_store.py", "<name>"): "_workflow_with_nodes(name, params): by key or by id",
     ("store/async_store.py", "job_retry_dead_many"): "params: a dict literal in the loop",
     ("store/maintenance.py", "<name>"): "MaintenanceTx._all(name, params): as AsyncBase",
-    ("store/sync_store.py", "<name>"): "_rows(conn, name, params): the caller's literal or builder",
+    ("store/plan.py", "<name>"): "the runners: step.params, each a Query(...) checked here",
 }
 
 
 def _args(call: ast.Call) -> list[ast.expr]:
-    """The call's (name, params) arguments: SyncStore._rows(conn, name, params) first
-    takes the caller's connection."""
-    func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "_rows":
-        return call.args[1:]
+    """The call's (name, params) arguments."""
     return call.args
 
 
@@ -105,9 +101,9 @@ def _query_name(call: ast.Call) -> str | None:
         return None
     first = args[0]
     func = call.func
+    is_step = isinstance(func, ast.Name) and func.id == "Query"
     if (
-        isinstance(func, ast.Attribute)
-        and func.attr in {"_all", "_once", "_rows"}
+        (is_step or (isinstance(func, ast.Attribute) and func.attr in {"_all", "_once"}))
         and isinstance(first, ast.Constant)
         and isinstance(first.value, str)
     ):
@@ -117,7 +113,7 @@ def _query_name(call: ast.Call) -> str | None:
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             return key.value
         return "<name>"
-    if isinstance(func, ast.Attribute) and func.attr in {"_all", "_once", "_rows"}:
+    if isinstance(func, ast.Attribute) and func.attr in {"_all", "_once"}:
         return "<name>"
     return None
 

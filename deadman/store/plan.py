@@ -1,0 +1,139 @@
+"""Statements written once, run sync or async: a plan yields each statement it needs
+and is sent that statement's rows (sans-IO, as psycopg's own ``generators``);
+``run_sync`` and ``run_async`` drive it on a connection.
+
+This is how the Python clients, ``SyncStore`` and ``AsyncStore`` share one
+implementation of each operation: what to run, with which parameters, and how to read
+the rows live in the plan (``deadman.store.plans``); only the driving differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, LiteralString, TypeVar
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+
+from deadman.db.queries import QUERIES
+from deadman.errors import translate
+
+R = TypeVar("R")
+T = TypeVar("T")
+Rows = list[DictRow]
+
+
+@dataclass(frozen=True)
+class Query:
+    """Run the named query with ``params``; the plan is sent its rows ([] if none)."""
+
+    name: LiteralString
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``COPY ... FROM STDIN`` (the named query) with ``rows``; the plan is sent []."""
+
+    name: LiteralString
+    rows: Iterable[Sequence[Any]]
+
+
+Step = Query | Copy
+#: what a plan's generator is: it yields steps, is sent their rows, returns the result
+Steps = Generator[Step, Rows, R]
+
+
+@dataclass(frozen=True)
+class Plan(Generic[R]):
+    """One operation's statements. ``steps()`` starts a fresh run each time it is
+    called (AsyncStore retries a plan whole). ``atomic``: its statements must commit
+    together, so a runner on a connection in autocommit opens a transaction for them
+    (a savepoint inside the caller's ``conn.transaction()`` block); on a connection
+    already in the caller's transaction they join it, theirs to commit or roll back."""
+
+    steps: Callable[[], Steps[R]]
+    atomic: bool = False
+
+
+def one(query: Query, read: Callable[[Rows], R]) -> Plan[R]:
+    """A plan of one statement whose rows ``read`` turns into the result."""
+
+    def steps() -> Steps[R]:
+        return read((yield query))
+
+    return Plan(steps)
+
+
+def then(plan: Plan[T], after: Callable[[T], R]) -> Plan[R]:
+    """``plan``, its result passed through ``after`` (as atomic as ``plan``)."""
+
+    def steps() -> Steps[R]:
+        return after((yield from plan.steps()))
+
+    return Plan(steps, plan.atomic)
+
+
+def run_sync(conn: psycopg.Connection[Any], plan: Plan[R]) -> R:
+    """Run ``plan`` on ``conn`` (see :class:`Plan` for its transaction)."""
+    with translate():
+        if plan.atomic and conn.autocommit:
+            with conn.transaction():
+                return _drive_sync(conn, plan.steps())
+        return _drive_sync(conn, plan.steps())
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], plan: Plan[R]) -> R:
+    """Run ``plan`` on ``conn``, as :func:`run_sync` does."""
+    with translate():
+        if plan.atomic and conn.autocommit:
+            async with conn.transaction():
+                return await _drive_async(conn, plan.steps())
+        return await _drive_async(conn, plan.steps())
+
+
+def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
+    # dict rows whatever the caller's connection's row factory
+    with conn.cursor(row_factory=dict_row) as cur:
+        step = _advance(steps, None)
+        while isinstance(step, Query | Copy):
+            if isinstance(step, Copy):
+                with cur.copy(QUERIES[step.name]) as copy:
+                    for row in step.rows:
+                        copy.write_row(row)
+                rows: Rows = []
+            else:
+                cur.execute(QUERIES[step.name], step.params)
+                rows = cur.fetchall() if cur.description else []
+            step = _advance(steps, rows)
+        return step.value
+
+
+async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        step = _advance(steps, None)
+        while isinstance(step, Query | Copy):
+            if isinstance(step, Copy):
+                async with cur.copy(QUERIES[step.name]) as copy:
+                    for row in step.rows:
+                        await copy.write_row(row)
+                rows: Rows = []
+            else:
+                await cur.execute(QUERIES[step.name], step.params)
+                rows = await cur.fetchall() if cur.description else []
+            step = _advance(steps, rows)
+        return step.value
+
+
+@dataclass(frozen=True)
+class _Done(Generic[R]):
+    value: R
+
+
+def _advance(steps: Steps[R], rows: Rows | None) -> Step | _Done[R]:
+    """The plan's next step, sent the rows of the last one (None: its first)."""
+    try:
+        return next(steps) if rows is None else steps.send(rows)
+    except StopIteration as done:
+        return _Done(done.value)

@@ -1,0 +1,224 @@
+"""Each statement (or group of statements) the clients and both stores run, written
+once as a :class:`~deadman.store.plan.Plan`: SyncStore, AsyncStore, ``deadman.Client``
+and ``deadman.AsyncClient`` all run these, on whichever connection they hold."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import DictRow
+
+from deadman.bounds import SCHEDULES_LISTED_MAX
+from deadman.model import Job, JobState
+from deadman.store.batches import batch_dependencies
+from deadman.store.jobs import NewJob, deps_verdict
+from deadman.store.limits import Limit, LimitParams, limit_params, limits_of, list_params
+from deadman.store.plan import Copy, Plan, Query, Rows, Steps, one
+from deadman.store.schedules import Schedule, ScheduleParams, schedule_params, schedules_of
+from deadman.store.workflows import NewWorkflow, workflow_params
+
+#: a workflow's row and its nodes, read in one transaction
+WorkflowRows = tuple[DictRow, list[Job]]
+
+
+def first_job(rows: Rows) -> Job | None:
+    """The statement's one row as a job; None when it matched no row."""
+    return Job.from_row(rows[0]) if rows else None
+
+
+def jobs_of(rows: Rows) -> list[Job]:
+    return [Job.from_row(r) for r in rows]
+
+
+def _first(rows: Rows) -> Schedule | None:
+    return Schedule.from_row(rows[0]) if rows else None
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+def job_insert(job: NewJob, default_max_attempts: int) -> Plan[Job | None]:
+    """None when its idempotency key is taken (read job_get_by_idempotency_key then).
+    With depends_on: the dependencies locked, the job and its edges inserted, in one
+    transaction."""
+    return Plan(lambda: _job_insert(job, default_max_attempts), atomic=bool(job.depends_on))
+
+
+def _job_insert(job: NewJob, default_max_attempts: int) -> Steps[Job | None]:
+    if not job.depends_on:
+        return first_job((yield Query("job_insert", job.params(default_max_attempts))))
+    deps = list(job.depends_on)
+    pending, upstream = deps_verdict(deps, (yield Query("job_deps_lock", {"ids": deps})))
+    row = first_job(
+        (
+            yield Query(
+                "job_insert",
+                job.params(default_max_attempts, pending_deps=pending, upstream_error=upstream),
+            )
+        )
+    )
+    if row is not None:
+        yield Query("job_deps_insert", {"job_id": row.id, "depends_on": deps})
+    return row
+
+
+def job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Plan[list[int]]:
+    """COPY the jobs into a staging table, then move them in one INSERT; the new ids in
+    order (a job whose idempotency key is taken is skipped). One transaction (the
+    staging table empties at commit). A batch in which some job has ``depends_on`` is
+    inserted one job at a time instead, with its dependency locks."""
+    return Plan(lambda: _job_insert_many(jobs, default_max_attempts), atomic=True)
+
+
+def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps[list[int]]:
+    if not jobs:
+        return []
+    if batch_dependencies(jobs):
+        ids = []
+        for j in jobs:
+            made = yield from _job_insert(j, default_max_attempts)
+            if made is not None:
+                ids.append(made.id)
+        return ids
+    yield Query("job_stage_prepare", {})
+    yield Query("job_stage_clear", {})
+    yield Copy("job_stage_copy", _staged(jobs, default_max_attempts))
+    return [int(r["id"]) for r in (yield Query("job_insert_staged", {}))]
+
+
+def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple[Any, ...]]:
+    """job_stage_copy's rows: jsonb columns as JSON text (text-format COPY), the
+    backoff's text made once per policy rather than once per row."""
+    for i, job in enumerate(jobs):
+        yield (
+            i,
+            job.type,
+            job.queue,
+            job.priority,
+            json.dumps(job.payload),
+            job.max_attempts or default_max_attempts,
+            job.backoff.json_text,
+            job.timeout_ms,
+            job.run_at,
+            job.delay_ms,
+            job.idempotency_key,
+            job.request_hash() if job.idempotency_key else None,
+            job.start_by,
+            job.deadline,
+            job.heartbeat_timeout_ms,
+            job.limit_key,
+        )
+
+
+def job_get(job_id: int) -> Plan[Job | None]:
+    return one(Query("job_get", {"id": job_id}), first_job)
+
+
+def job_get_by_idempotency_key(key: str) -> Plan[Job | None]:
+    return one(Query("job_get_by_idempotency_key", {"idempotency_key": key}), first_job)
+
+
+def job_cancel(job_id: int) -> Plan[Job | None]:
+    """None: no such job, or it already finished."""
+    return one(Query("job_cancel", {"id": job_id}), first_job)
+
+
+def job_retry(job_id: int) -> Plan[Job | None]:
+    """None: refused (see :func:`job_retry_refusal`)."""
+    return one(Query("job_retry", {"id": job_id}), first_job)
+
+
+def job_retry_refusal(job_id: int) -> Plan[str | None]:
+    """Why job_retry returned nothing, in words; None when there is no such job."""
+    return Plan(lambda: _job_retry_refusal(job_id))
+
+
+def _job_retry_refusal(job_id: int) -> Steps[str | None]:
+    job = first_job((yield Query("job_get", {"id": job_id})))
+    if job is None:
+        return None
+    blocking = yield Query("job_blocking_deps", {"id": job_id})
+    if job.state in (JobState.DEAD, JobState.CANCELLED) and blocking:
+        names = ", ".join(f"{r['name']} ({r['state']})" for r in blocking)
+        return (
+            f"job {job_id} depends on {names}: retry that first; the jobs it "
+            "cancelled reopen with it"
+        )
+    return f"job {job_id} is {job.state.value}; only dead or cancelled jobs can be retried"
+
+
+# -- workflows -----------------------------------------------------------------------
+
+
+def workflow_insert(wf: NewWorkflow, default_max_attempts: int) -> Plan[WorkflowRows | None]:
+    """The workflow, its nodes and its edges in one statement; None when its
+    idempotency key is taken (then read :func:`workflow_get_by_idempotency_key`)."""
+    return _workflow_with_nodes(Query("workflow_insert", workflow_params(wf, default_max_attempts)))
+
+
+def workflow_get(workflow_id: int) -> Plan[WorkflowRows | None]:
+    return _workflow_with_nodes(Query("workflow_get", {"id": workflow_id}))
+
+
+def workflow_get_by_idempotency_key(key: str) -> Plan[WorkflowRows | None]:
+    return _workflow_with_nodes(Query("workflow_get_by_idempotency_key", {"idempotency_key": key}))
+
+
+def _workflow_with_nodes(query: Query) -> Plan[WorkflowRows | None]:
+    """``query`` returns (or inserts and returns) one workflow row; its nodes are read
+    in the same transaction, so row and nodes are one snapshot."""
+
+    def steps() -> Steps[WorkflowRows | None]:
+        rows = yield query
+        if not rows:
+            return None
+        return rows[0], jobs_of((yield Query("workflow_nodes", {"id": rows[0]["id"]})))
+
+    return Plan(steps, atomic=True)
+
+
+# -- limits and schedules --------------------------------------------------------------
+
+
+def limit_put(p: LimitParams) -> Plan[Limit]:
+    return one(Query("limit_put", limit_params(p)), lambda rows: limits_of(rows)[0])
+
+
+def limit_list() -> Plan[list[Limit]]:
+    return one(Query("limit_list", list_params()), limits_of)
+
+
+def limit_get(key: str) -> Plan[Limit | None]:
+    return one(Query("limit_get", {"key": key}), lambda rows: next(iter(limits_of(rows)), None))
+
+
+def limit_delete(key: str) -> Plan[bool]:
+    return one(Query("limit_delete", {"key": key}), bool)
+
+
+def db_now() -> Plan[datetime]:
+    return one(Query("db_now", {}), lambda rows: rows[0]["now"])
+
+
+def schedule_put(p: ScheduleParams) -> Plan[Schedule]:
+    return one(Query("schedule_put", schedule_params(p)), lambda rows: schedules_of(rows)[0])
+
+
+def schedule_list() -> Plan[list[Schedule]]:
+    return one(Query("schedule_list", {"cap": SCHEDULES_LISTED_MAX}), schedules_of)
+
+
+def schedule_get(name: str) -> Plan[Schedule | None]:
+    return one(Query("schedule_get", {"name": name}), _first)
+
+
+def schedule_delete(name: str) -> Plan[bool]:
+    return one(Query("schedule_delete", {"name": name}), bool)
+
+
+def schedule_set_paused(name: str, paused: bool) -> Plan[Schedule | None]:
+    return one(Query("schedule_set_paused", {"name": name, "paused": paused}), _first)
+
