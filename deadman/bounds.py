@@ -42,3 +42,7 @@ EVERY_MS_MIN, EVERY_MS_MAX = 100, 31 * 86_400_000
 CRON_MAX_LEN = 256
 TIMEZONE_MAX_LEN = 64
 SCHEDULES_LISTED_MAX = 1000
+
+#: GET /jobs/{id}?wait_ms=N: the longest long-poll, in milliseconds (SQS caps its long
+#: poll at 20 s too: under the idle timeouts of common proxies and load balancers)
+WAIT_MS_MAX = 20_000

@@ -38,6 +38,7 @@ from deadman.config import Settings
 from deadman.db.migrate import latest_version
 from deadman.db.pool import async_pool
 from deadman.store import AsyncStore
+from deadman.waiting import AsyncWaiter
 
 #: How long a request waits for a pooled connection before it is answered 503.
 POOL_TIMEOUT_S = 5.0
@@ -66,11 +67,13 @@ def create_app(
         pool = async_pool(dsn, name="deadman-api", max_size=max_size, timeout=pool_timeout_s)
         store = AsyncStore(pool, retry_s=0)
         await store.open(wait=False)
-        state.store = store
+        waiter = AsyncWaiter(dsn, pool=pool)
+        state.store, state.waiter = store, waiter
         try:
             yield
         finally:
-            state.store = None
+            state.store = state.waiter = None
+            await waiter.close()
             await store.close()
 
     app = Starlette(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -15,8 +17,11 @@ from deadman.api.limits import check_queue_depth
 from deadman.api.problems import Problem, validation
 from deadman.api.serialize import attempt_json, job_json
 from deadman.api.state import api_state
+from deadman.bounds import WAIT_MS_MAX
+from deadman.errors import NotFound
 from deadman.model import Job, JobState
 from deadman.store import UnknownDependency
+from deadman.waiting import WaitTimeout
 
 
 async def create_job(request: Request) -> Response:
@@ -66,11 +71,33 @@ async def create_jobs(request: Request) -> Response:
 
 
 async def get_job(request: Request) -> Response:
+    """The job; with ``wait_ms=N`` a long-poll: answered as soon as the job has ended,
+    or after N ms with the job as it is then. 200 either way (its ``state`` says which);
+    no pool connection is held while it waits (deadman.waiting)."""
     job_id = schema.parse_job_id(request.path_params["id"])
-    job = await api_state(request).store.job_get(job_id)
+    wait_ms = parse_wait_ms(request.query_params)
+    state = api_state(request)
+    job: Job | None = None
+    if wait_ms:
+        with contextlib.suppress(WaitTimeout, NotFound):
+            job = await state.waiter.wait(job_id, wait_ms / 1000)
+    if job is None:  # not waited for, still unfinished (read again: as it is now), or gone
+        job = await state.store.job_get(job_id)
     if job is None:
         raise Problem("not-found", f"no job {job_id}")
     return JSONResponse(job_json(job))
+
+
+def parse_wait_ms(query: QueryParams) -> int:
+    """``wait_ms``: 0 (the default: no wait) to WAIT_MS_MAX, once; else 422 naming it."""
+    given = query.getlist("wait_ms")
+    if not given:
+        return 0
+    wait_ms = schema.ascii_int(given[0], 0, WAIT_MS_MAX) if len(given) == 1 else None
+    if wait_ms is None:
+        rule = f"must be an integer from 0 to {WAIT_MS_MAX}, given at most once"
+        raise validation([{"field": "wait_ms", "message": rule}])
+    return wait_ms
 
 
 async def get_attempts(request: Request) -> Response:

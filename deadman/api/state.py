@@ -9,6 +9,7 @@ from starlette.requests import Request
 from deadman.api.problems import Problem
 from deadman.config import Settings
 from deadman.store import AsyncStore
+from deadman.waiting import AsyncWaiter
 
 
 @dataclass
@@ -18,6 +19,8 @@ class ApiState:
     schema_version: int
     #: Set by the app's lifespan for as long as the app runs.
     store: AsyncStore | None = field(default=None)
+    #: The long-polls' one listener (GET /jobs/{id}?wait_ms=N), on the store's pool.
+    waiter: AsyncWaiter | None = field(default=None)
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,13 @@ class Ready:
     settings: Settings
     schema_version: int
     store: AsyncStore
+    waiter: AsyncWaiter
 
 
 def api_state(request: Request) -> Ready:
     state: ApiState = request.app.state.deadman
-    if state.store is None:  # only outside the lifespan (a server starting or stopping)
+    if state.store is None or state.waiter is None:  # only outside the lifespan
         raise Problem(
             "not-ready", "the server is starting or stopping", headers={"Retry-After": "1"}
         )
-    return Ready(state.settings, state.schema_version, state.store)
+    return Ready(state.settings, state.schema_version, state.store, state.waiter)

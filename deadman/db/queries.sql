@@ -322,6 +322,23 @@ LISTEN deadman_cancel;
 -- name: ping
 SELECT 1;
 
+-- name: listen_done
+-- Ends of jobs someone waits on (payload: the job id), sent by the jobs_notify_done
+-- trigger (migration 0013) for rows with waited = true; deadman.waiting listens.
+LISTEN deadman_done;
+
+-- name: job_wait_flag
+-- A waiter, already listening on deadman_done, marks the job as waited on: whatever
+-- ends it after this commits sees waited = true and notifies (the trigger). The row
+-- comes back as it stands after the update, so a job that already ended is answered
+-- at once. Only a job not flagged yet is written (a second waiter, a repeated
+-- long-poll, writes nothing): no row then means "already flagged, or no such job",
+-- and the waiter reads the job with job_get, in a snapshot taken after whoever
+-- flagged it committed.
+UPDATE deadman.jobs SET waited = true
+WHERE id = %(id)s AND NOT waited
+RETURNING *;
+
 -- name: queue_notify
 -- Wake idle producers of these queues (after a rescue or a release made jobs due).
 SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
@@ -1007,3 +1024,10 @@ WHERE name = %(name)s;
 -- The database's clock: a new schedule's first tick is counted from it, as every
 -- later one is (the scheduler plans against schedule_due's now()).
 SELECT now() AS now;
+
+-- name: server_identity
+-- Which database a connection is on, for conn= (deadman.connections): a caller's
+-- connection must reach the client's own database. Readable by any role (the cluster's
+-- system_identifier may not be: pg_control_system() can be revoked); the postmaster's
+-- start time tells two servers apart, read afresh on both sides for each comparison.
+SELECT current_database() AS database, pg_postmaster_start_time() AS started_at;

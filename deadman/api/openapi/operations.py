@@ -42,10 +42,16 @@ def _ok(body: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _on_job(
-    operation_id: str, summary: str, ok: dict[str, Any], *errors: str, **more: Any
+    operation_id: str,
+    summary: str,
+    ok: dict[str, Any],
+    *errors: str,
+    query: tuple[dict[str, Any], ...] = (),
+    **more: Any,
 ) -> dict[str, Any]:
-    """An operation on the job the path's ``{id}`` names (``_op`` with that parameter)."""
-    return _op(operation_id, summary, ok, *errors, **more, parameters=[_job_id_param()])
+    """An operation on the job the path's ``{id}`` names (``_op`` with that parameter,
+    and the ``query`` parameters after it)."""
+    return _op(operation_id, summary, ok, *errors, **more, parameters=[_job_id_param(), *query])
 
 
 def _on_name(

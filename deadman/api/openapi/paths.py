@@ -21,7 +21,7 @@ from deadman.api.openapi.common import (
     _ref,
 )
 from deadman.api.openapi.operations import _listing, _ok, _on_job, _op, _pause_resume
-from deadman.bounds import ID_PATTERN
+from deadman.bounds import ID_PATTERN, WAIT_MS_MAX
 from deadman.store import FINISHED_COUNT_CAP
 
 
@@ -97,8 +97,27 @@ def _paths() -> dict[str, Any]:
             "get": _on_job(
                 "getJob",
                 "One job",
-                _ok(job, "The job."),
+                _ok(job, "The job: as it is, or once it ended (see wait_ms)."),
+                "Unprocessable",
                 *_FOUND_OR_NOT,
+                description="With `wait_ms`, a long-poll: answered as soon as the job is "
+                "succeeded, dead or cancelled (woken by a notification, polled every "
+                "second as a fallback), or after `wait_ms` milliseconds with the job as it "
+                "is then. 200 either way: its `state` says whether it ended.",
+                query=(
+                    {
+                        "name": "wait_ms",
+                        "in": "query",
+                        "description": "Wait up to this long for the job to end; 0: "
+                        "answer at once. At most once.",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": WAIT_MS_MAX,
+                            "default": 0,
+                        },
+                    },
+                ),
             )
         },
         "/jobs/{id}/attempts": {
