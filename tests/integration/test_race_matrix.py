@@ -23,7 +23,9 @@ The invariants (checked after every case):
 - workflows finalise once: their counters match their nodes' rows, and a workflow
   is finished exactly when all its nodes are;
 - dependency counters match rows: a waiting job's pending_deps is the number of its
-  dependencies that have not succeeded, and none of them is dead or cancelled.
+  dependencies that have not succeeded, and none of them is dead or cancelled;
+- no lost wake-up: a waiter (deadman.waiting: LISTEN, then its flag) whose job has
+  ended sees the end, in what its flag read back or in a notification.
 
 ``MATRIX`` below is the table: each row names a setup and two statements; both
 orders run. ``test_every_state_changing_statement_has_a_row`` fails when a query in
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +97,10 @@ class Stmt:
     fenced: bool = False
     #: ends the attempt that holds the world's lease token (finish, rescue)
     ends_lease: bool = False
+    #: after both commits, on its own connection: how it saw the end of the job
+    #: ("read", "notified"; "lost": a lost wake-up), or None: the job has not ended.
+    #: Waiters only.
+    woken: Callable[[Conn, Conn, World, list[DictRow]], str | None] | None = None
 
 
 def _rows(conn: Conn, query: str, params: dict[str, Any], *, prepare: bool = True) -> list[DictRow]:
@@ -195,6 +202,34 @@ def _retry_upstream(conn: Conn, w: World) -> list[DictRow]:
     return _rows(conn, "job_retry", {"id": w.upstream})
 
 
+def _wait_flag(conn: Conn, w: World) -> list[DictRow]:
+    """A waiter (deadman.waiting): it listens, flags the job, and reads it when the
+    flag wrote nothing (flagged before). Here the LISTEN takes effect at the commit,
+    with the flag; a statement that ends the job after seeing the flag commits later."""
+    conn.execute(QUERIES["listen_done"])
+    return _rows(conn, "job_wait_flag", {"id": w.job}) or _rows(conn, "job_get", {"id": w.job})
+
+
+FINAL = ("succeeded", "dead", "cancelled")
+
+
+def _woken(conn: Conn, observer: Conn, w: World, rows: list[DictRow]) -> str | None:
+    """The waiter's side once both committed: its read showed the end, or the end is
+    notified to it (the job ended after its flag). None: the job has not ended."""
+    if any(r["state"] in FINAL for r in rows):
+        return "read"
+    row = observer.execute("SELECT state FROM deadman.jobs WHERE id = %s", (w.job,)).fetchone()
+    if row is None or row["state"] not in FINAL:
+        return None
+    deadline = time.monotonic() + 5.0
+    for note in conn.notifies(timeout=5.0):
+        if note.channel == "deadman_done" and note.payload == str(w.job):
+            return "notified"
+        if time.monotonic() > deadline:
+            break
+    return "lost"
+
+
 def _returned_job(rows: list[DictRow], w: World) -> bool:
     return w.job in _ids(rows)
 
@@ -248,6 +283,13 @@ STATEMENTS: dict[str, Stmt] = {
         Stmt("resume", ("queue_set_paused",), _resume, _any),
         Stmt("rescue", ("job_rescue_expired",), _rescue, _returned_job, ends_lease=True),
         Stmt("expire", ("job_expire",), _expire, _returned_job),
+        Stmt(
+            "wait_flag",
+            ("listen_done", "job_wait_flag", "job_get"),
+            _wait_flag,
+            _returned_job,
+            woken=_woken,
+        ),
         Stmt("prune", ("job_prune_finished",), _prune, _returned_job),
         Stmt("workflow_cancel", ("workflow_cancel",), _workflow_cancel, _returned_job),
         # the upstream of a waiting job ends: the trigger releases or cancels `job`
@@ -396,6 +438,8 @@ SETUPS: dict[str, Callable[[Conn], World]] = {
     "running": _one("running"),
     "running_lapsed": _one("running", lease_expires_in_s=-10),
     "running_lapsed_last_attempt": _one("running", lease_expires_in_s=-10, attempt=5),
+    # rescued once more than max_rescues allows, alone on its worker: the rescue ends it
+    "running_lapsed_poison": _one("running", lease_expires_in_s=-10, rescues=MAX_RESCUES),
     "dead_old": _one("dead", finished_ago_s=2 * 86400),
     "cancelled_old": _one("cancelled", finished_ago_s=2 * 86400),
     "succeeded_old": _one("succeeded", finished_ago_s=2 * 86400),
@@ -475,6 +519,21 @@ MATRIX: list[tuple[str, str, str]] = [
     *[("running_keyed_full", "claim", f) for f in FINISHES],
     ("running_keyed_full", "claim", "limit_tighten"),
     ("running_keyed_lapsed", "claim", "rescue"),
+    # a waiter's flag (deadman.waiting) against what ends the job, claims and other
+    # waiters: the end is in what the flag read back or notified, never lost
+    *[("running", "wait_flag", f) for f in FINISHES],
+    ("running", "wait_flag", "cancel"),
+    ("running", "wait_flag", "heartbeat"),
+    ("running", "wait_flag", "wait_flag"),
+    ("running_lapsed", "wait_flag", "rescue"),
+    ("running_lapsed_poison", "wait_flag", "rescue"),
+    ("queued", "wait_flag", "cancel"),
+    ("queued", "wait_flag", "claim"),
+    ("queued", "wait_flag", "workflow_cancel"),
+    ("expiring", "wait_flag", "expire"),
+    ("waiting", "wait_flag", "cascade"),
+    ("dead_old", "wait_flag", "retry"),
+    ("succeeded_old", "wait_flag", "prune"),
 ]
 
 
@@ -483,6 +542,8 @@ class Outcome:
     order: list[str]
     acked: dict[str, bool] = field(default_factory=dict)
     blocked: bool = False
+    #: each waiter's verdict (Stmt.woken), in order
+    woken: list[str | None] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- running
@@ -543,6 +604,9 @@ def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outc
         if "error" in result:
             raise result["error"]
         b.commit()
+        for conn, stmt, rows in ((a, a_stmt, a_rows), (b, b_stmt, result["rows"])):
+            if stmt.woken is not None:
+                out.woken.append(stmt.woken(conn, observer, world, rows))
     out.acked[first] = a_stmt.acked(a_rows, world)
     out.acked[second] = b_stmt.acked(result["rows"], world)
     return world, out
@@ -604,6 +668,9 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
         fresh = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
         with conn.transaction(force_rollback=True):
             assert fresh.id in _ids(_claim(conn, World(job=fresh.id))), "resumed, not claimable"
+
+    # no lost wake-up
+    assert "lost" not in out.woken, f"a waiter missed the end of the job ({out.woken})"
 
     _assert_workflow_counters(conn, world)
     _assert_dependency_counters(conn)
@@ -805,3 +872,22 @@ def test_retention_never_waits_on_a_row_an_operator_holds(db_dsn: str) -> None:
     assert "error" not in result, result.get("error")
     assert _ids(result["rows"]) == {up.id}  # the held row was left for the next round
     assert upstream == []  # gone, and nobody waited for anybody
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "how"),
+    [("wait_flag", "finish_succeeded", "notified"), ("finish_succeeded", "wait_flag", "read")],
+)
+def test_a_waiter_sees_the_end_by_its_read_or_by_notification(
+    db_dsn: str, first: str, second: str, how: str
+) -> None:
+    """Both sides of the no-lost-wake-up check, spelled out: flagged first, the waiter
+    read a running job and hears the end; flagged after the finish committed (it
+    waited on the finish's row lock), it reads the end itself and nothing is sent."""
+    world, out = run_case(db_dsn, "running", first, second)
+    assert out.acked == {"wait_flag": True, "finish_succeeded": True}
+    assert out.woken == [how]
+    assert out.blocked
+    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT waited FROM deadman.jobs WHERE id = %s", (world.job,)).fetchone()
+    assert row is not None and row["waited"]
