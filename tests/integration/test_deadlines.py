@@ -108,6 +108,29 @@ def test_start_by_passed_ends_dead_expired_without_running(
     assert job_row(conn, on_time.id)["state"] == "running"
 
 
+def test_retrying_an_expired_job_runs_it_and_keeps_a_start_by_still_ahead(
+    db_dsn: str, conn: psycopg.Connection[DictRow], client: Client
+) -> None:
+    now = db_now(conn)
+    expired = client.enqueue("noop", start_by=now - timedelta(seconds=1))
+    late = client.enqueue("noop", deadline=now - timedelta(seconds=1))
+    _tick(db_dsn)
+    assert [job_row(conn, j.id)["last_error"] for j in (expired, late)] == ["expired", "deadline"]
+    conn.execute(
+        "UPDATE deadman.jobs SET state = 'dead', finished_at = now(),"
+        " start_by = now() + interval '1 hour' WHERE id = %s",
+        (on_time := client.enqueue("noop").id,),
+    )
+    for job_id in (expired.id, late.id, on_time):
+        assert with_store(db_dsn, lambda s, i=job_id: s.job_retry(i)) is not None
+    rows = {j: job_row(conn, j) for j in (expired.id, late.id, on_time)}
+    assert rows[expired.id]["start_by"] is None and rows[late.id]["deadline"] is None
+    assert rows[on_time]["start_by"] is not None  # still ahead: kept
+    _tick(db_dsn)  # the rescuer's look no longer ends them
+    assert {r["state"] for r in (job_row(conn, j) for j in rows)} == {"queued"}
+    assert sorted(_claim(db_dsn)) == sorted(rows)
+
+
 # --------------------------------------------------------------------------- deadline
 
 
