@@ -36,6 +36,7 @@ from tests.factories import connect, insert_job
 from tests.helpers.api import (
     assert_problem,
     client,
+    error_fields,
     make_app,
     new_job,
     serve,
@@ -491,6 +492,56 @@ def test_hostile_query_parameters(sweep: _Sweep) -> None:
         sweep.check(f"repeated {name}", "GET", f"/jobs?{name}=a&{name}=b", (422,))
     for value in ("0", "1001", "-1", "%C2%B2", "9" * 5000, "1.0", "%2B5", " 5"):
         sweep.check("limit", "GET", f"/jobs?limit={value}", (422,))
+
+
+#: not 0..WAIT_MS_MAX in ASCII digits, given once
+BAD_WAITS = [
+    "-1",
+    "1e9",
+    "1000000000",
+    "20001",
+    "9" * 5000,
+    "abc",
+    "",
+    "1.5",
+    "%2B5",
+    "%205",
+    "0x10",
+    "%C2%B2",
+    "%D9%A3",
+    "%00",
+    "true",
+]
+
+
+def test_hostile_wait_ms(sweep: _Sweep) -> None:
+    """GET /jobs/{id}?wait_ms=N: anything but one integer from 0 to 20000 is a 422
+    naming wait_ms, answered at once (no wait) and before any job is flagged; on a
+    job that exists and on one that does not."""
+    with connect(sweep.dsn) as conn:
+        row = conn.execute(
+            "SELECT min(id) AS id FROM deadman.jobs WHERE state = 'queued'"
+        ).fetchone()
+    assert row is not None
+    for job_id in (row["id"], 999_999):
+        for value in BAD_WAITS:
+            sweep.check("wait_ms", "GET", f"/jobs/{job_id}?wait_ms={value}", (422,))
+        sweep.check("repeated wait_ms", "GET", f"/jobs/{job_id}?wait_ms=1&wait_ms=1", (422,))
+    r = sweep.http.get(f"/jobs/{row['id']}", params={"wait_ms": "1e9"})
+    assert error_fields(r) == {"wait_ms"}
+    assert r.elapsed.total_seconds() < 2
+
+    @given(text=st.text(max_size=30) | st.sampled_from(["9" * 4301, "\u00b2", "\ud800"]))
+    @settings(max_examples=100, deadline=None, database=None, derandomize=True)
+    def any_text(text: str) -> None:
+        # on a job that does not exist: a valid wait is a 404 at once, never a wait
+        value = quote(text, safe="", errors="surrogatepass")
+        sweep.check("wait_ms text", "GET", f"/jobs/999999?wait_ms={value}", (404, 422))
+
+    any_text()
+    with connect(sweep.dsn) as conn:
+        flagged = conn.execute("SELECT count(*) AS n FROM deadman.jobs WHERE waited").fetchone()
+    assert flagged is not None and flagged["n"] == 0, "a refused long-poll flagged a job"
 
 
 def test_hostile_bodies_on_every_creating_route(sweep: _Sweep) -> None:
