@@ -7,14 +7,16 @@ guarded by the lease's fencing token.
 
 from __future__ import annotations
 
+from deadman.aclient import AsyncClient
 from deadman.client import Client
-from deadman.errors import DeadmanError, DuplicateKey, LeaseLost
+from deadman.errors import DeadmanError, DuplicateKey, LeaseLost, UnsupportedConnection
 from deadman.model import Backoff, Job, JobState, Workflow, WorkflowState
 from deadman.registry import Registry
 from deadman.spec import BatchSpec, JobSpec, SpecError, WorkflowSpec
 from deadman.worker.context import JobContext
 
 __all__ = [
+    "AsyncClient",
     "Backoff",
     "BatchSpec",
     "Client",
@@ -27,6 +29,7 @@ __all__ = [
     "LeaseLost",
     "Registry",
     "SpecError",
+    "UnsupportedConnection",
     "Workflow",
     "WorkflowSpec",
     "WorkflowState",

@@ -49,6 +49,13 @@ class Conflict(DeadmanError):
     """The job is in a state where the requested action makes no sense."""
 
 
+class UnsupportedConnection(DeadmanError):
+    """``conn=`` got something the client cannot join: another driver (psycopg2,
+    asyncpg), a sync connection for the async client (or the reverse), a Django
+    connection outside ``transaction.atomic()``, or a connection to another database
+    than the client's own. The message says which, and what would work."""
+
+
 class SchemaMismatch(DeadmanError):
     """The database's schema version is not the one this code was written for."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from psycopg.rows import DictRow
 
 from deadman.bounds import SCHEDULES_LISTED_MAX
-from deadman.model import Job, JobState
+from deadman.model import Job, JobState, Workflow
 from deadman.store.batches import batch_dependencies
 from deadman.store.jobs import NewJob, deps_verdict
 from deadman.store.limits import Limit, LimitParams, limit_params, limits_of, list_params
@@ -31,6 +31,11 @@ def first_job(rows: Rows) -> Job | None:
 
 def jobs_of(rows: Rows) -> list[Job]:
     return [Job.from_row(r) for r in rows]
+
+
+def workflow_of(found: WorkflowRows | None) -> Workflow | None:
+    """A workflow plan's rows as a :class:`~deadman.model.Workflow`."""
+    return None if found is None else Workflow.from_rows(*found)
 
 
 def _first(rows: Rows) -> Schedule | None:
@@ -222,3 +227,9 @@ def schedule_delete(name: str) -> Plan[bool]:
 def schedule_set_paused(name: str, paused: bool) -> Plan[Schedule | None]:
     return one(Query("schedule_set_paused", {"name": name, "paused": paused}), _first)
 
+
+def server_identity() -> Plan[tuple[str, datetime]]:
+    """(database, postmaster start time): which database a connection reaches."""
+    return one(
+        Query("server_identity", {}), lambda rows: (rows[0]["database"], rows[0]["started_at"])
+    )

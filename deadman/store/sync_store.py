@@ -17,13 +17,8 @@ from deadman.store.jobs import NewJob
 from deadman.store.leases import FINISH_IDLE_MS, Finish, finish_params
 from deadman.store.limits import Limit, LimitParams
 from deadman.store.plan import run_sync
-from deadman.store.plans import WorkflowRows
+from deadman.store.plans import workflow_of
 from deadman.store.workflows import NewWorkflow
-
-
-def workflow_of(found: WorkflowRows | None) -> Workflow | None:
-    """A workflow plan's rows as a :class:`~deadman.model.Workflow`."""
-    return None if found is None else Workflow.from_rows(*found)
 
 
 class SyncStore:

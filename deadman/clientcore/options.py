@@ -1,0 +1,74 @@
+"""The keyword options of the client calls, and how they become what ``deadman.spec``
+checks: durations given as timedeltas or seconds, sent as milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+from deadman.model import Backoff, Job
+from deadman.spec import BatchJobSpec, KeyedName, SpecError, validate
+from deadman.store import NewJob
+
+
+class JobOptions(TypedDict, total=False):
+    """What ``job`` and ``enqueue`` take besides type and payload: the fields of
+    :class:`deadman.JobSpec`, with durations as timedeltas or seconds."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay: timedelta | float | None
+    max_attempts: int | None
+    backoff: Backoff | None
+    timeout: timedelta | float | None
+    idempotency_key: str | None
+    depends_on: Iterable[int | Job]
+    start_by: datetime | None
+    deadline: datetime | None
+    heartbeat_timeout: timedelta | float | None
+    limit_key: str | None
+
+
+#: the options given in seconds, and the spec's field (in milliseconds) for each
+_SECONDS = {
+    "delay": "delay_ms",
+    "timeout": "timeout_ms",
+    "heartbeat_timeout": "heartbeat_timeout_ms",
+}
+
+
+def to_ms(value: timedelta | float | int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return round(value.total_seconds() * 1000)
+    return round(float(value) * 1000)
+
+
+def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
+    """The job the options describe, checked as ``POST /jobs`` checks its body: a
+    broken field raises :class:`~deadman.spec.SpecError` naming it."""
+    body: dict[str, Any] = {"type": type, "payload": payload}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name in _SECONDS:
+            body[_SECONDS[name]] = to_ms(value)  # type: ignore[arg-type]
+        elif name == "backoff":
+            body[name] = value.to_json() if isinstance(value, Backoff) else value
+        elif name == "depends_on":
+            body[name] = [d.id if isinstance(d, Job) else d for d in value]  # type: ignore[attr-defined]
+        else:
+            body[name] = value
+    return validate(BatchJobSpec, body).to_new_job()
+
+
+def checked_name(value: str, field: str) -> str:
+    """A limit's key or a schedule's name, refused in the words the API uses for the
+    name in its path (``PUT /limits/{key}``, ``/schedules/{name}``)."""
+    try:
+        return validate(KeyedName, {"key": value}).key
+    except SpecError as exc:
+        raise SpecError([{**e, "field": field} for e in exc.errors]) from None
