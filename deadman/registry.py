@@ -1,8 +1,10 @@
-"""Handlers by job type: ``registry = Registry()``, ``@registry.handler("email")``.
+"""Handlers by job type: ``registry = Registry()``, ``@registry.handler("email")``,
+or typed tasks, ``@registry.task(queue=...)`` (deadman.tasks).
 
 A handler is called with ``(job, ctx)``. ``async def`` handlers run on the worker's
 event loop; plain functions run in a thread pool so they cannot stall the loop
-(and with it the heartbeats that keep every other lease alive).
+(and with it the heartbeats that keep every other lease alive). A task is registered
+as the handler of its type that decodes the payload and calls the function.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
 from deadman.errors import ConfigError
 from deadman.model import validate_type
+from deadman.tasks import Task, TaskDefaults
+from deadman.worker.context import JobContext
 
 if TYPE_CHECKING:
     from deadman.model import Job
     from deadman.spec import ScheduleSpec
-    from deadman.worker.context import JobContext
 
 HandlerFn = Callable[["Job", "JobContext"], Any]
 AsyncHandlerFn = Callable[["Job", "JobContext"], Awaitable[Any]]
 F = TypeVar("F", bound=HandlerFn)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,30 @@ class Registry:
         if type in self._handlers:
             raise ConfigError(f"a handler for {type!r} is already registered")
         self._handlers[type] = HandlerSpec(type, fn, _is_async(fn))
+
+    @overload
+    def task(self, fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    @overload
+    def task(
+        self, fn: None = None, /, *, type: str | None = None, **defaults: Unpack[TaskDefaults]
+    ) -> TaskDecorator: ...
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        type: str | None = None,
+        **defaults: Unpack[TaskDefaults],
+    ) -> Task[Any, Any] | TaskDecorator:
+        """Register a typed task (deadman.tasks): ``@registry.task`` or
+        ``@registry.task(queue=..., max_attempts=..., timeout=..., type=...)``. ``type``
+        defaults to the function's module-qualified name; the options (a queue,
+        priority, max_attempts, backoff, timeout, heartbeat_timeout, limit_key) apply
+        to every call and are checked now."""
+        decorate = TaskDecorator(self, type, defaults)
+        return decorate if fn is None else decorate(fn)
 
     def get(self, type: str) -> HandlerSpec | None:
         return self._handlers.get(type)
@@ -107,6 +136,24 @@ class Registry:
                     raise ConfigError(f"a schedule named {name!r} is declared twice")
                 out._periodic[name] = schedule
         return out
+
+
+class TaskDecorator:
+    """What ``@registry.task(...)`` returns: registers the function it decorates."""
+
+    def __init__(self, registry: Registry, type: str | None, defaults: TaskDefaults) -> None:
+        self._registry = registry
+        self._type = type
+        self._defaults = defaults
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, P], R], /) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]:
+        task: Task[Any, Any] = Task(fn, type=self._type, defaults=self._defaults)
+        self._registry.register(task.type, task.handler)
+        return task
 
 
 def _is_async(fn: HandlerFn) -> bool:
