@@ -9,10 +9,12 @@ sides, as it is for an application and its workers.
 - ``whoami`` (sync): the attempt's JobContext as its first parameter.
 - ``pay`` (async): writes its effect in ``ctx.transaction()``, the result set there.
 - ``liar``: returns what its annotation does not allow (the attempt fails).
+- ``nap`` (async): sleeps ``ms`` milliseconds, for a wait that really waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import datetime
 from decimal import Decimal
@@ -80,3 +82,9 @@ async def pay(ctx: JobContext, amount: int) -> None:
 @registry.task(queue="tasks", type="tasks.liar", max_attempts=1)
 def liar(n: int) -> Greeting:
     return {"text": n}  # type: ignore[return-value]  # what the test wants to see refused
+
+
+@registry.task(queue="tasks", type="tasks.nap")
+async def nap(ms: int) -> int:
+    await asyncio.sleep(ms / 1000)
+    return ms

@@ -21,7 +21,7 @@ from deadman import AsyncClient, Client, JobState
 from deadman.model import Job
 from deadman.waiting import Waiter
 from tests.acceptance import tasks_app
-from tests.acceptance.tasks_app import Line, Order, Person, greet, liar, pay, total, whoami
+from tests.acceptance.tasks_app import Line, Order, Person, greet, liar, nap, pay, total, whoami
 from tests.helpers.processes import SpawnWorker, attempts_of, sql_value, wait_registered
 
 APP = "tests.acceptance.tasks_app:registry"
@@ -96,5 +96,24 @@ def test_typed_tasks_run_in_a_worker_process(db_dsn: str, spawn_worker: SpawnWor
     assert [a["outcome"] for a in attempts_of(db_dsn, sent["bad"].id)] == ["failed"]
     assert sent["whoami"].priority == 5 and sent["total"].max_attempts == 2
     assert tasks_app.registry.types() == sorted(
-        [greet.type, total.type, "tasks.whoami", "tasks.pay", "tasks.liar"]
+        [greet.type, total.type, "tasks.whoami", "tasks.pay", "tasks.liar", "tasks.nap"]
     )
+
+
+def test_a_wait_returns_as_the_worker_finishes_the_job(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """The wait starts before the job does and ends within notification latency of
+    the finish (the database's finished_at against the local clock: one machine)."""
+    worker = spawn_worker(db_dsn, app=APP, queues="tasks", DEADMAN_POLL_S=SLOW_POLL_S)
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client, Waiter(db_dsn, poll_s=SLOW_POLL_S) as waiter:
+        for ms in (300, 800):
+            job = nap.enqueue(client, ms)
+            started = time.monotonic()
+            done = waiter.wait(job.id, timeout=30)
+            returned_at = time.time()
+            assert time.monotonic() - started >= ms / 1000 * 0.9  # it did wait
+            assert done.state is JobState.SUCCEEDED and done.result == ms
+            assert done.finished_at is not None
+            assert returned_at - done.finished_at.timestamp() < 2.0
