@@ -1,6 +1,7 @@
 """How one operation serves both clients: it turns its arguments into a :class:`Call`
 (a plan, and the caller's connection if any); :class:`Op` makes it a method of each
-client, which runs the call its way (``Client`` blocking, ``AsyncClient`` awaited).
+client, which runs the call its way (``Client`` blocking, ``AsyncClient`` awaited:
+``Blocking`` and ``Awaiting``).
 
 So the signature, the docstring, the checks and the statements of ``enqueue`` exist
 once, and a type checker still sees ``Client.enqueue(...) -> Job`` and
@@ -55,19 +56,27 @@ class Core:
         broken field raises :class:`~deadman.spec.SpecError` naming it."""
         return new_job(type, payload, options)
 
-    def _run(self, call: Call[Any]) -> Any:
+    def _call(self, op: Callable[..., Call[Any]], /, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - each client runs calls its way
 
 
 class Blocking(Core):
     """A client whose calls return their result (``deadman.Client``)."""
 
+    def _call(self, op: Callable[..., Call[R]], /, *args: Any, **kwargs: Any) -> R:
+        return self._run(op(self, *args, **kwargs))
+
     def _run(self, call: Call[R]) -> R:
         raise NotImplementedError  # pragma: no cover
 
 
 class Awaiting(Core):
-    """A client whose calls are awaited (``deadman.AsyncClient``)."""
+    """A client whose calls are awaited (``deadman.AsyncClient``): the arguments are
+    checked when the coroutine runs, so a refusal is raised where it is awaited (in
+    its task, under ``asyncio.gather``), as any coroutine's error is."""
+
+    async def _call(self, op: Callable[..., Call[R]], /, *args: Any, **kwargs: Any) -> R:
+        return await self._run(op(self, *args, **kwargs))
 
     async def _run(self, call: Call[R]) -> R:
         raise NotImplementedError  # pragma: no cover
@@ -75,8 +84,9 @@ class Awaiting(Core):
 
 class Op(Generic[P, R]):
     """``op`` as a method of both clients: ``client.name(...)`` is
-    ``client._run(op(client, ...))``, so a Client returns R and an AsyncClient a
-    coroutine of R. The one function serves both: the difference is in ``_run``."""
+    ``client._call(op, ...)``, which runs ``op(client, ...)``'s call: a Client returns
+    R, an AsyncClient a coroutine of R. The one method serves both; the difference is
+    in ``_call`` and ``_run``."""
 
     def __init__(self, op: Callable[Concatenate[Core, P], Call[R]], doc: str | None = None) -> None:
         """``doc``: the method's docstring, when ``op``'s is not its own (a method of
@@ -84,7 +94,7 @@ class Op(Generic[P, R]):
 
         @functools.wraps(op)
         def method(client: Core, /, *args: P.args, **kwargs: P.kwargs) -> Any:
-            return client._run(op(client, *args, **kwargs))
+            return client._call(op, *args, **kwargs)
 
         if doc is not None:
             method.__doc__ = doc

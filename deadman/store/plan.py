@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
+from psycopg.pq import Format
 from psycopg.rows import DictRow, dict_row
 
 from deadman.db.queries import QUERIES
@@ -93,9 +94,30 @@ async def run_async(conn: psycopg.AsyncConnection[Any], plan: Plan[R]) -> R:
         return await _drive_async(conn, plan.steps())
 
 
+#: psycopg's own loaders of the JSON types (oid, format, loader). A caller's connection
+#: may load them otherwise (Django's loads jsonb as text, to decode it itself); a plan
+#: reads payloads, results and backoffs as values, so its cursor uses these.
+_JSON_LOADERS = [
+    (
+        psycopg.adapters.types[name].oid,
+        fmt,
+        psycopg.adapters.get_loader(psycopg.adapters.types[name].oid, fmt),
+    )
+    for name in ("json", "jsonb")
+    for fmt in (Format.TEXT, Format.BINARY)
+]
+
+
+def _json_loaders(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    for oid, fmt, loader in _JSON_LOADERS:
+        if loader is not None and cur.adapters.get_loader(oid, fmt) is not loader:
+            cur.adapters.register_loader(oid, loader)
+
+
 def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
     # dict rows whatever the caller's connection's row factory
     with conn.cursor(row_factory=dict_row) as cur:
+        _json_loaders(cur)
         step = _advance(steps, None)
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):
@@ -112,6 +134,7 @@ def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
 
 async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R:
     async with conn.cursor(row_factory=dict_row) as cur:
+        _json_loaders(cur)
         step = _advance(steps, None)
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):

@@ -1,6 +1,7 @@
 """One definition of a job: the same out-of-range values sent through HTTP
-(``POST /jobs``), ``Client.enqueue`` and ``deadman enqueue`` get the same refusal, word
-for word, and nothing is stored; values at the bounds are accepted by all three.
+(``POST /jobs``), ``Client.enqueue``, ``AsyncClient.enqueue`` and ``deadman enqueue``
+get the same refusal, word for word, and nothing is stored; values at the bounds are
+accepted by all of them.
 
 The bounds themselves are read from nowhere here: they are written out by hand, so
 that a bound changed by accident in deadman/bounds.py fails this test.
@@ -14,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from deadman import Client
+from deadman import AsyncClient, Client
 from deadman.cli import main
 from deadman.config import Settings
+from deadman.model import Job
 from deadman.spec import SpecError
-from tests.factories import connect
+from tests.factories import connect, run_async
 from tests.helpers.api import api_client
 
 #: (field, value sent over HTTP and the CLI, the Client's keyword and value, rule)
@@ -70,6 +72,14 @@ def client(db_dsn: str) -> Iterator[Client]:
         yield c
 
 
+def _async_enqueue(db_dsn: str, **options: Any) -> Job:
+    async def enqueue() -> Job:
+        async with AsyncClient(db_dsn, settings=Settings()) as aclient:
+            return await aclient.enqueue("one.spec", **options)
+
+    return run_async(enqueue)
+
+
 def _jobs(db_dsn: str) -> int:
     with connect(db_dsn) as conn:
         row = conn.execute(
@@ -101,6 +111,9 @@ def test_http_client_and_cli_refuse_alike(
     with pytest.raises(SpecError) as refused:
         client.enqueue("one.spec", **{kwarg[0]: kwarg[1]})
     assert refused.value.errors == [expected]
+    with pytest.raises(SpecError) as refused_async:
+        _async_enqueue(db_dsn, **{kwarg[0]: kwarg[1]})
+    assert refused_async.value.errors == [expected]
 
     monkeypatch.setenv("DEADMAN_DATABASE_URL", db_dsn)
     capsys.readouterr()
@@ -109,7 +122,7 @@ def test_http_client_and_cli_refuse_alike(
     assert code == 2, err
     assert err.strip().splitlines() == [f"deadman: {field}: {rule}"]
 
-    assert _jobs(db_dsn) == before  # nothing stored by any of the three
+    assert _jobs(db_dsn) == before  # nothing stored by any of them
 
 
 @pytest.mark.parametrize(("field", "value", "kwarg"), ACCEPTED)
@@ -130,12 +143,13 @@ def test_http_client_and_cli_accept_the_bounds(
 
     job = client.enqueue("one.spec", **{kwarg[0]: kwarg[1]})
     assert getattr(job, field) == value
+    assert getattr(_async_enqueue(db_dsn, **{kwarg[0]: kwarg[1]}), field) == value
 
     monkeypatch.setenv("DEADMAN_DATABASE_URL", db_dsn)
     capsys.readouterr()
     assert main(["enqueue", "one.spec", f"{_cli_flag(field)}={value}"]) == 0
     assert f'"{field}": {value!r}'.replace("'", '"') in capsys.readouterr().out
-    assert _jobs(db_dsn) == before + 3
+    assert _jobs(db_dsn) == before + 4
 
 
 def test_every_broken_field_is_named_once_by_all_three(
@@ -152,6 +166,9 @@ def test_every_broken_field_is_named_once_by_all_three(
     with pytest.raises(SpecError) as refused:
         client.enqueue("one.spec", priority=500, max_attempts=0, queue="a b")
     assert sorted(refused.value.errors, key=str) == sorted(over_http, key=str)
+    with pytest.raises(SpecError) as refused_async:
+        _async_enqueue(db_dsn, priority=500, max_attempts=0, queue="a b")
+    assert sorted(refused_async.value.errors, key=str) == sorted(over_http, key=str)
     monkeypatch.setenv("DEADMAN_DATABASE_URL", db_dsn)
     capsys.readouterr()
     assert (
