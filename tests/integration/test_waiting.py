@@ -38,21 +38,38 @@ SLOW_POLL_S = 30.0
 PROMPT_S = 2.0
 
 
-def finish(dsn: str, job_id: int, token: int | None, state: JobState = JobState.SUCCEEDED) -> None:
-    """End a running job as the completer does (fenced by its token)."""
+def ending(job_id: int, token: int | None, state: JobState = JobState.SUCCEEDED) -> Finish:
+    """How the completer ends a running attempt (fenced by its token)."""
     assert token is not None
-    outcome = AttemptOutcome.SUCCEEDED if state is JobState.SUCCEEDED else AttemptOutcome.FAILED
-    f = Finish(
+    ok = state is JobState.SUCCEEDED
+    outcome = AttemptOutcome.SUCCEEDED if ok else AttemptOutcome.FAILED
+    return Finish(
         job_id,
         token,
         state,
         outcome,
-        result={"sum": 3} if state is JobState.SUCCEEDED else None,
-        error=None if state is JobState.SUCCEEDED else "it broke",
+        result={"sum": 3} if ok else None,
+        error=None if ok else "it broke",
     )
+
+
+def finish(dsn: str, job_id: int, token: int | None, state: JobState = JobState.SUCCEEDED) -> None:
     with connect(dsn) as conn:
-        rows = conn.execute(QUERIES["job_finish_many"], finish_params([f])).fetchall()
+        rows = conn.execute(
+            QUERIES["job_finish_many"], finish_params([ending(job_id, token, state)])
+        ).fetchall()
     assert [r["id"] for r in rows] == [job_id]
+
+
+def listeners(dsn: str, *, terminate: bool = False) -> int:
+    """The waiters' LISTEN backends on this database; killed with ``terminate``."""
+    with connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT pid, CASE WHEN %s THEN pg_terminate_backend(pid) END AS killed"
+            " FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            (terminate, APPLICATION_NAME),
+        ).fetchall()
+    return len(rows)
 
 
 def flagged(dsn: str, job_id: int) -> bool:
@@ -75,6 +92,13 @@ async def end_when_flagged(dsn: str, job_id: int, end: Callable[[], None]) -> fl
     await wait_for_async(lambda: flagged(dsn, job_id), 10, message="the job to be flagged")
     await asyncio.to_thread(end)
     return time.monotonic()
+
+
+async def flagged_wait(dsn: str, waiter: AsyncWaiter, job_id: int) -> asyncio.Task[Job]:
+    """A wait on the job, running, once it has flagged the job."""
+    waiting = asyncio.create_task(waiter.wait(job_id, timeout=20))
+    await wait_for_async(lambda: flagged(dsn, job_id), 10, message="the job to be flagged")
+    return waiting
 
 
 def test_a_wait_is_woken_by_the_notification(db_dsn: str) -> None:
@@ -148,25 +172,16 @@ def test_a_notification_lost_while_the_listener_was_away_does_not_hang_the_wait(
         with psycopg.connect(db_dsn) as conn:
             conn.execute("ALTER TABLE deadman.jobs DISABLE TRIGGER jobs_notify_done")
             conn.execute(
-                QUERIES["job_finish_many"], finish_params([_success(job.id, job.lease_token)])
+                QUERIES["job_finish_many"], finish_params([ending(job.id, job.lease_token)])
             )
             conn.execute("ALTER TABLE deadman.jobs ENABLE TRIGGER jobs_notify_done")
-
-    def kill_listener() -> int:
-        with connect(db_dsn) as conn:
-            rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity"
-                " WHERE application_name = %s AND datname = current_database()",
-                (APPLICATION_NAME,),
-            ).fetchall()
-        return len(rows)
 
     async def body(waiter: AsyncWaiter) -> tuple[Job, float, int]:
         waiting = asyncio.create_task(waiter.wait(job.id, timeout=20))
         ended = await end_when_flagged(db_dsn, job.id, end_unheard)
         await asyncio.sleep(0.3)
         assert not waiting.done(), "answered with nobody notified and no poll due"
-        killed = await asyncio.to_thread(kill_listener)
+        killed = await asyncio.to_thread(listeners, db_dsn, terminate=True)
         done = await waiting
         return done, time.monotonic() - ended, killed
 
@@ -176,11 +191,6 @@ def test_a_notification_lost_while_the_listener_was_away_does_not_hang_the_wait(
     assert latency < 0.3 + 2 * PROMPT_S
 
 
-def _success(job_id: int, token: int | None) -> Finish:
-    assert token is not None
-    return Finish(job_id, token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result={"ok": 1})
-
-
 def test_forged_notifications_wake_nothing_and_break_nothing(db_dsn: str) -> None:
     """NOTIFY needs no privilege: a payload is only a hint to look. A running job's id,
     junk and an unknown id change no answer; the real end still does."""
@@ -188,8 +198,7 @@ def test_forged_notifications_wake_nothing_and_break_nothing(db_dsn: str) -> Non
         job = insert_job(conn, state="running")
 
     async def body(waiter: AsyncWaiter) -> Job:
-        waiting = asyncio.create_task(waiter.wait(job.id, timeout=20))
-        await wait_for_async(lambda: flagged(db_dsn, job.id), 10, message="the flag")
+        waiting = await flagged_wait(db_dsn, waiter, job.id)
         with connect(db_dsn) as conn:
             for payload in (str(job.id), "", "x" * 7000, "-1", "1e3", "99999999999999999999", "²"):
                 conn.execute("SELECT pg_notify('deadman_done', %s)", (payload,))
@@ -265,24 +274,15 @@ def test_many_waits_share_one_listener(db_dsn: str) -> None:
 
     def end_all() -> None:
         with connect(db_dsn) as conn:
-            finishes = [_success(j.id, j.lease_token) for j in jobs]
+            finishes = [ending(j.id, j.lease_token) for j in jobs]
             conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
-
-    def listeners() -> int:
-        with connect(db_dsn) as conn:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s"
-                " AND datname = current_database()",
-                (APPLICATION_NAME,),
-            ).fetchone()
-        return int(row["n"]) if row else 0
 
     async def body(waiter: AsyncWaiter) -> tuple[list[Job], float, int]:
         waits = [asyncio.create_task(waiter.wait(j.id, timeout=30)) for j in jobs for _ in "ab"]
         await wait_for_async(
             lambda: all(flagged(db_dsn, j.id) for j in jobs[-3:]), 10, message="the flags"
         )
-        n = await asyncio.to_thread(listeners)
+        n = await asyncio.to_thread(listeners, db_dsn)
         await asyncio.to_thread(end_all)
         ended = time.monotonic()
         done = await asyncio.gather(*waits)
@@ -300,8 +300,7 @@ def test_a_job_deleted_while_waited_on_is_not_found(db_dsn: str) -> None:
         job = insert_job(conn, state="queued")
 
     async def body(waiter: AsyncWaiter) -> None:
-        waiting = asyncio.create_task(waiter.wait(job.id, timeout=20))
-        await wait_for_async(lambda: flagged(db_dsn, job.id), 10, message="the flag")
+        waiting = await flagged_wait(db_dsn, waiter, job.id)
         with connect(db_dsn) as conn:
             conn.execute("DELETE FROM deadman.jobs WHERE id = %s", (job.id,))
         with pytest.raises(NotFound, match="deleted while waited on"):
