@@ -41,7 +41,7 @@ from deadman.model import Job, JobState
 from deadman.store import AsyncConn, AsyncStore
 from deadman.worker.listener import parse_job_id
 
-__all__ = ["POLL_S", "AsyncWaiter", "WaitStore", "WaitTimeout", "Waiter"]
+__all__ = ["POLL_S", "AsyncWaiter", "WaitStore", "WaitTimeout", "Waiter", "WaiterClosed"]
 
 log = logs.get("deadman.waiting")
 
@@ -62,6 +62,10 @@ class WaitTimeout(DeadmanError):
         self.timeout = timeout
         self.state = state
         super().__init__(f"job {job_id} did not end within {timeout:g} s (it is {state.value})")
+
+
+class WaiterClosed(DeadmanError):
+    """The waiter was closed (a server shutting down): the wait ends unanswered."""
 
 
 class WaitStore(AsyncStore):
@@ -141,7 +145,7 @@ class AsyncWaiter:
             self._forget(job_id, answer)
 
     async def close(self) -> None:
-        """Stop listening and checking; waits still running fail with DeadmanError."""
+        """Stop listening and checking; waits still running raise WaiterClosed."""
         self._closed = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
@@ -156,7 +160,7 @@ class AsyncWaiter:
 
     async def _start(self) -> None:
         if self._closed:
-            raise DeadmanError("this waiter is closed")
+            raise WaiterClosed("this waiter is closed")
         if self._started is None:
             self._started = asyncio.create_task(self._open(), name="deadman-waiter-open")
         await asyncio.shield(self._started)
@@ -193,7 +197,7 @@ class AsyncWaiter:
                 if answer.done():
                     continue
                 if closed:
-                    answer.set_exception(DeadmanError("the waiter was closed"))
+                    answer.set_exception(WaiterClosed("the waiter was closed"))
                 elif job is None:
                     answer.set_exception(NotFound(f"job {job_id} was deleted while waited on"))
                 else:

@@ -21,7 +21,7 @@ from deadman.bounds import WAIT_MS_MAX
 from deadman.errors import NotFound
 from deadman.model import Job, JobState
 from deadman.store import UnknownDependency
-from deadman.waiting import WaitTimeout
+from deadman.waiting import WaiterClosed, WaitTimeout
 
 
 async def create_job(request: Request) -> Response:
@@ -79,7 +79,8 @@ async def get_job(request: Request) -> Response:
     state = api_state(request)
     job: Job | None = None
     if wait_ms:
-        with contextlib.suppress(WaitTimeout, NotFound):
+        # not ended in time, gone, or the server is stopping: the job as it is now
+        with contextlib.suppress(WaitTimeout, NotFound, WaiterClosed):
             job = await state.waiter.wait(job_id, wait_ms / 1000)
     if job is None:  # not waited for, still unfinished (read again: as it is now), or gone
         job = await state.store.job_get(job_id)

@@ -25,7 +25,7 @@ from deadman.db.queries import QUERIES
 from deadman.errors import NotFound
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import Finish, finish_params
-from deadman.waiting import APPLICATION_NAME, AsyncWaiter, Waiter, WaitTimeout
+from deadman.waiting import APPLICATION_NAME, AsyncWaiter, Waiter, WaiterClosed, WaitTimeout
 from tests.factories import connect, insert_job
 from tests.helpers import wait_for, wait_for_async
 from tests.helpers.api import make_app, serve
@@ -307,6 +307,25 @@ def test_a_job_deleted_while_waited_on_is_not_found(db_dsn: str) -> None:
             await waiting
 
     with_waiter(db_dsn, body, poll_s=0.2)
+
+
+def test_closing_a_waiter_ends_its_waits(db_dsn: str) -> None:
+    """A server stopping closes its waiter: the waits in flight end with WaiterClosed
+    (the long-poll then answers with the job as it is), and no new one starts."""
+    with connect(db_dsn) as conn:
+        job = insert_job(conn, state="queued")
+
+    async def main() -> None:
+        waiter = AsyncWaiter(db_dsn, poll_s=SLOW_POLL_S)
+        waiting = await flagged_wait(db_dsn, waiter, job.id)
+        await waiter.close()
+        with pytest.raises(WaiterClosed, match="the waiter was closed"):
+            await waiting
+        with pytest.raises(WaiterClosed, match="this waiter is closed"):
+            await waiter.wait(job.id, timeout=1)
+        await wait_for_async(lambda: listeners(db_dsn) == 0, 10, message="the listener gone")
+
+    asyncio.run(main())
 
 
 def test_the_sync_waiter_serves_many_threads(db_dsn: str) -> None:
