@@ -8,7 +8,6 @@ test_client_conformance.py; this is what is particular to running on a loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -20,25 +19,13 @@ from deadman.config import Settings
 from deadman.db.pool import async_pool as pool_factory
 from deadman.model import JobState
 from tests.acceptance.conftest import _spawner, spawn_worker  # noqa: F401 - fixtures
-from tests.factories import connect, run_async
+from tests.factories import run_async
 from tests.helpers.processes import SpawnWorker, wait_state
-
-
-def _ids(dsn: str) -> list[int]:
-    with connect(dsn) as conn:
-        return [int(r["id"]) for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
-
-
-@pytest.fixture
-def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """A connection LISTENing as idle workers do (deadman_jobs: a queue has work)."""
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN deadman_jobs")
-        yield conn
-
-
-def _heard(listener: psycopg.Connection[Any], wait_s: float) -> list[str]:
-    return [n.payload for n in listener.notifies(timeout=wait_s, stop_after=1)]
+from tests.integration.test_client_conformance import (  # listener_fixture: listener
+    heard,
+    job_ids,
+    listener_fixture,  # noqa: F401
+)
 
 
 def test_a_job_it_enqueues_is_run_by_a_worker(db_dsn: str, spawn_worker: SpawnWorker) -> None:  # noqa: F811
@@ -59,16 +46,16 @@ def test_the_callers_transaction_decides(db_dsn: str, listener: psycopg.Connecti
                 await mine.execute("CREATE TABLE public.orders (id int)")
                 await mine.execute("INSERT INTO public.orders VALUES (1)")
                 gone = await aclient.enqueue("t", conn=mine)
-                assert _ids(db_dsn) == []  # invisible outside until they commit
+                assert job_ids(db_dsn) == []  # invisible outside until they commit
                 await mine.rollback()
-                assert _heard(listener, 0.5) == []  # a rolled-back job wakes nobody
+                assert heard(listener, 0.5) == []  # a rolled-back job wakes nobody
                 kept = await aclient.enqueue("t", conn=mine)
                 await mine.commit()
             return gone.id, kept.id
 
     gone, kept = run_async(main)
-    assert _ids(db_dsn) == [kept] and gone != kept
-    assert _heard(listener, 5) == ["default"]  # the commit delivers the wake-up
+    assert job_ids(db_dsn) == [kept] and gone != kept
+    assert heard(listener, 5) == ["default"]  # the commit delivers the wake-up
 
 
 def test_a_rolled_back_savepoint_takes_only_its_jobs(db_dsn: str) -> None:
@@ -89,7 +76,7 @@ def test_a_rolled_back_savepoint_takes_only_its_jobs(db_dsn: str) -> None:
             return before.id, after.id
 
     kept = list(run_async(main))
-    assert _ids(db_dsn) == kept
+    assert job_ids(db_dsn) == kept
 
 
 def test_many_tasks_at_once_share_the_pool_and_one_key_makes_one_job(
@@ -113,7 +100,7 @@ def test_many_tasks_at_once_share_the_pool_and_one_key_makes_one_job(
 
     ids = run_async(main)
     assert len(made) == 1  # twenty first calls, one pool
-    assert len(set(ids)) == 1 and _ids(db_dsn) == ids[:1]
+    assert len(set(ids)) == 1 and job_ids(db_dsn) == ids[:1]
 
 
 def test_close_then_use_again_opens_a_new_pool(db_dsn: str) -> None:

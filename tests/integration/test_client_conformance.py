@@ -94,6 +94,27 @@ def side(request: pytest.FixtureRequest, db_dsn: str) -> Iterator[Side]:
         made.close()
 
 
+# -- shared by the conn= tests (test_async_client, test_sqlalchemy, test_django) ------
+
+
+@pytest.fixture(name="listener")
+def listener_fixture(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection LISTENing as idle workers do (deadman_jobs: a queue has work)."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN deadman_jobs")
+        yield conn
+
+
+def heard(listener: psycopg.Connection[Any], wait_s: float) -> list[str]:
+    """What ``listener`` was told within ``wait_s`` seconds (the first note at most)."""
+    return [n.payload for n in listener.notifies(timeout=wait_s, stop_after=1)]
+
+
+def job_ids(dsn: str) -> list[int]:
+    with connect(dsn) as conn:
+        return [int(r["id"]) for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
+
+
 def _count(dsn: str, where: str = "true") -> int:
     with connect(dsn) as conn:
         row = conn.execute(f"SELECT count(*) AS n FROM deadman.jobs WHERE {where}").fetchone()

@@ -23,8 +23,13 @@ from deadman import AsyncClient, Client
 from deadman.config import Settings
 from deadman.errors import UnsupportedConnection
 from tests.acceptance.conftest import _spawner, spawn_worker  # noqa: F401 - fixtures
-from tests.factories import connect, run_async
+from tests.factories import run_async
 from tests.helpers.processes import SpawnWorker, wait_state
+from tests.integration.test_client_conformance import (  # listener_fixture: listener
+    heard,
+    job_ids,
+    listener_fixture,  # noqa: F401
+)
 
 if not settings.configured:
     settings.configure(
@@ -62,18 +67,6 @@ def client(db_dsn: str, django_db: None) -> Iterator[Client]:
         yield c
 
 
-@pytest.fixture
-def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN deadman_jobs")
-        yield conn
-
-
-def _ids(dsn: str) -> list[int]:
-    with connect(dsn) as conn:
-        return [int(r["id"]) for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
-
-
 def _order(n: int) -> None:
     with connection.cursor() as cur:
         cur.execute("INSERT INTO public.orders VALUES (%s)", [n])
@@ -87,8 +80,8 @@ def test_the_job_commits_with_the_atomic_block_and_a_worker_runs_it(
     with transaction.atomic():
         _order(1)
         job = client.enqueue("noop", {"order": 1}, conn=connection)
-        assert _ids(db_dsn) == []  # theirs to commit
-    assert _ids(db_dsn) == [job.id]
+        assert job_ids(db_dsn) == []  # theirs to commit
+    assert job_ids(db_dsn) == [job.id]
     spawn_worker(db_dsn)
     assert wait_state(db_dsn, job.id, "succeeded", timeout=30)["payload"] == {"order": 1}
 
@@ -101,8 +94,8 @@ def test_a_rolled_back_block_takes_the_job_and_wakes_nobody(
         client.enqueue("t", conn=connection)
         client.enqueue_many([client.job("t")], conn=connection)
         raise RuntimeError("app failed")
-    assert _ids(db_dsn) == []
-    assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == []
+    assert job_ids(db_dsn) == []
+    assert heard(listener, 0.5) == []
 
 
 def test_an_inner_block_rolled_back_takes_only_its_jobs(client: Client, db_dsn: str) -> None:
@@ -114,13 +107,13 @@ def test_an_inner_block_rolled_back_takes_only_its_jobs(client: Client, db_dsn: 
             raise RuntimeError("app failed")
         # another alias's name for the same database: deadman.contrib.django.connection
         after = client.enqueue("t", depends_on=[before.id], conn=deadman_django.connection())
-    assert _ids(db_dsn) == [before.id, after.id]
+    assert job_ids(db_dsn) == [before.id, after.id]
 
 
 def test_outside_atomic_there_is_nothing_to_join(client: Client, db_dsn: str) -> None:
     with pytest.raises(UnsupportedConnection, match=r"outside transaction\.atomic\(\)"):
         client.enqueue("t", conn=connection)
-    assert client.enqueue("t").id in _ids(db_dsn)  # without conn=: at once, on its own
+    assert client.enqueue("t").id in job_ids(db_dsn)  # without conn=: at once, on its own
 
 
 def test_the_async_client_refuses_a_django_connection(db_dsn: str, django_db: None) -> None:
@@ -130,4 +123,4 @@ def test_the_async_client_refuses_a_django_connection(db_dsn: str, django_db: No
                 await aclient.enqueue("t", conn=connection)
 
     run_async(main)
-    assert _ids(db_dsn) == []
+    assert job_ids(db_dsn) == []

@@ -25,6 +25,11 @@ from deadman.errors import UnsupportedConnection
 from tests.acceptance.conftest import _spawner, spawn_worker  # noqa: F401 - fixtures
 from tests.factories import connect, run_async
 from tests.helpers.processes import SpawnWorker, wait_state
+from tests.integration.test_client_conformance import (  # listener_fixture: listener
+    heard,
+    job_ids,
+    listener_fixture,  # noqa: F401
+)
 
 
 def url(dsn: str) -> URL:
@@ -55,22 +60,6 @@ def client(db_dsn: str) -> Iterator[Client]:
         yield c
 
 
-@pytest.fixture
-def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN deadman_jobs")
-        yield conn
-
-
-def _heard(listener: psycopg.Connection[Any], wait_s: float) -> list[str]:
-    return [n.payload for n in listener.notifies(timeout=wait_s, stop_after=1)]
-
-
-def _ids(dsn: str) -> list[int]:
-    with connect(dsn) as conn:
-        return [int(r["id"]) for r in conn.execute("SELECT id FROM deadman.jobs ORDER BY id")]
-
-
 def _orders(dsn: str) -> int:
     with connect(dsn) as conn:
         row = conn.execute("SELECT count(*) AS n FROM public.orders").fetchone()
@@ -90,7 +79,7 @@ def test_a_connections_commit_takes_the_job_and_a_worker_runs_it(
     with engine.connect() as conn:
         conn.execute(text("INSERT INTO public.orders VALUES (1)"))
         job = client.enqueue("noop", {"order": 1}, conn=conn)
-        assert _ids(db_dsn) == []
+        assert job_ids(db_dsn) == []
         conn.commit()
     assert _orders(db_dsn) == 1
     spawn_worker(db_dsn)
@@ -105,8 +94,8 @@ def test_a_connections_rollback_takes_the_job_and_wakes_nobody(
         client.enqueue("t", conn=conn)
         client.enqueue_many([client.job("t"), client.job("t")], conn=conn)
         conn.rollback()
-    assert (_ids(db_dsn), _orders(db_dsn)) == ([], 0)
-    assert _heard(listener, 0.5) == []
+    assert (job_ids(db_dsn), _orders(db_dsn)) == ([], 0)
+    assert heard(listener, 0.5) == []
 
 
 def test_the_first_statement_begins_their_transaction(
@@ -120,7 +109,7 @@ def test_the_first_statement_begins_their_transaction(
         conn.commit()
     with engine.connect() as conn:
         client.enqueue("t", conn=conn)  # closed without commit
-    assert _ids(db_dsn) == [committed.id]
+    assert job_ids(db_dsn) == [committed.id]
 
 
 def test_a_rolled_back_savepoint_takes_only_its_jobs(
@@ -133,7 +122,7 @@ def test_a_rolled_back_savepoint_takes_only_its_jobs(
         client.enqueue("t", depends_on=[before.id], conn=conn)
         savepoint.rollback()
         after = client.enqueue("t", depends_on=[before.id], conn=conn)
-    assert _ids(db_dsn) == [before.id, after.id]
+    assert job_ids(db_dsn) == [before.id, after.id]
 
 
 def test_a_session(engine: Engine, client: Client, db_dsn: str) -> None:
@@ -148,7 +137,7 @@ def test_a_session(engine: Engine, client: Client, db_dsn: str) -> None:
     with Session(engine) as session:
         client.enqueue("t", conn=session)
         session.rollback()
-    assert _ids(db_dsn) == [kept.id, wf.nodes["a"].id]
+    assert job_ids(db_dsn) == [kept.id, wf.nodes["a"].id]
     assert _orders(db_dsn) == 1
 
 
@@ -163,7 +152,7 @@ def test_another_driver_or_database_is_refused(
     with elsewhere.connect() as conn, pytest.raises(UnsupportedConnection, match="database"):
         client.enqueue("t", conn=conn)
     elsewhere.dispose()
-    assert _ids(db_dsn) == []
+    assert job_ids(db_dsn) == []
 
 
 # -- async ---------------------------------------------------------------------------
@@ -188,7 +177,7 @@ def test_an_async_connections_commit_and_a_worker_runs_it(
             async with aengine.connect() as conn:
                 await conn.execute(text("INSERT INTO public.orders VALUES (1)"))
                 job = await aclient.enqueue("noop", {"order": 1}, conn=conn)
-                assert _ids(db_dsn) == []
+                assert job_ids(db_dsn) == []
                 await conn.commit()
             async with aengine.connect() as conn:
                 await aclient.enqueue("t", conn=conn)
@@ -196,7 +185,7 @@ def test_an_async_connections_commit_and_a_worker_runs_it(
             return job.id
 
     job_id = run_async(main)
-    assert _ids(db_dsn) == [job_id]
+    assert job_ids(db_dsn) == [job_id]
     spawn_worker(db_dsn)
     assert wait_state(db_dsn, job_id, "succeeded", timeout=30)["payload"] == {"order": 1}
 
@@ -209,7 +198,7 @@ def test_an_async_session_rollback_savepoint_and_commit(
             async with AsyncSession(aengine) as session:
                 await aclient.enqueue("t", conn=session)
                 await session.rollback()
-                assert _heard(listener, 0.5) == []  # rolled back: no worker woken
+                assert heard(listener, 0.5) == []  # rolled back: no worker woken
                 kept = await aclient.enqueue("t", conn=session)
                 with pytest.raises(RuntimeError, match="app failed"):
                     async with session.begin_nested():
@@ -220,8 +209,8 @@ def test_an_async_session_rollback_savepoint_and_commit(
             return [kept.id, *many]
 
     kept = run_async(main)
-    assert _ids(db_dsn) == kept
-    assert _heard(listener, 5) == ["default"]
+    assert job_ids(db_dsn) == kept
+    assert heard(listener, 5) == ["default"]
 
 
 def test_the_wrong_kind_for_the_client_is_refused(engine: Engine, db_dsn: str) -> None:
@@ -240,4 +229,4 @@ def test_the_wrong_kind_for_the_client_is_refused(engine: Engine, db_dsn: str) -
                     client.enqueue("t", conn=session)
 
     run_async(main)
-    assert _ids(db_dsn) == []
+    assert job_ids(db_dsn) == []
