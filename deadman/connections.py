@@ -25,6 +25,7 @@ so a restarted server is no false alarm.
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
@@ -115,8 +116,6 @@ def check_same_database(theirs: Identity, ours: Identity, dsn: str) -> None:
 
 def _sqlalchemy() -> Any:
     """SQLAlchemy, if the application imported it (its objects exist only then)."""
-    import sys
-
     return sys.modules.get("sqlalchemy")
 
 

@@ -11,6 +11,7 @@ once, and a type checker still sees ``Client.enqueue(...) -> Job`` and
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import weakref
 from collections.abc import Awaitable, Callable
@@ -98,6 +99,10 @@ class Op(Generic[P, R]):
 
         if doc is not None:
             method.__doc__ = doc
+        # help() and IDEs read the result's type, not the Call that carries it
+        signature = inspect.signature(op)
+        result = str(signature.return_annotation).removeprefix("Call[").removesuffix("]")
+        method.__signature__ = signature.replace(return_annotation=result)  # type: ignore[attr-defined]
         self._method = method
 
     @overload

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
-from psycopg.pq import Format
+from psycopg.pq import ExecStatus, Format
 from psycopg.rows import DictRow, dict_row
 
 from deadman.db.queries import QUERIES
@@ -127,7 +127,7 @@ def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
                 rows: Rows = []
             else:
                 cur.execute(QUERIES[step.name], step.params)
-                rows = cur.fetchall() if cur.description else []
+                rows = cur.fetchall() if _has_rows(cur) else []
             step = _advance(steps, rows)
         return step.value
 
@@ -144,9 +144,16 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R
                 rows: Rows = []
             else:
                 await cur.execute(QUERIES[step.name], step.params)
-                rows = await cur.fetchall() if cur.description else []
+                rows = await cur.fetchall() if _has_rows(cur) else []
             step = _advance(steps, rows)
         return step.value
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returns rows (even none): read from the result's status,
+    as ``cur.description`` would build a Column object per column to say so."""
+    result = cur.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """SyncStore and AsyncStore cannot drift: the same cases run through both, and what
 each stores and returns must be the same job rows.
 
-Both build their parameters with the same functions (``NewJob.params``,
-``workflow_params``, ``finish_params``, ``deps_verdict``) and run the same named
-queries; this suite proves the code around them (transactions, replays,
-dependencies, the fenced completion) behaves alike. A method added to one store
+Both run the same plans for what they share (deadman.store.plans: the statements,
+their parameters and how their rows are read, written once), the sync store with
+the sync runner on the caller's connection, the async one with the async runner on
+a pooled connection; the fenced completion is each store's own. This suite proves
+the runners and the code around them (transactions, replays, dependencies, the
+fenced completion) behave alike. A method added to one store
 that the other also has must be added to the table at the bottom.
 """
 
