@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import psycopg
 import pytest
@@ -21,7 +22,7 @@ from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.maintenance import Expirer
 from deadman.model import Job
-from deadman.store import ClaimParams, UnknownDependency
+from deadman.store import AsyncStore, ClaimParams, UnknownDependency
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, db_now, insert_job, job_row, with_store
 from tests.helpers import wait_for
@@ -86,6 +87,10 @@ def _claim(dsn: str, queue: str = "default") -> list[int]:
     return [j.id for j in jobs]
 
 
+async def _retry(store: AsyncStore, job_id: int) -> Job | None:
+    return await store.job_retry(job_id)
+
+
 def _tick(dsn: str) -> None:
     with_store(dsn, lambda s: Expirer(s, SETTINGS).tick())
 
@@ -122,7 +127,7 @@ def test_retrying_an_expired_job_runs_it_and_keeps_a_start_by_still_ahead(
         (on_time := client.enqueue("noop").id,),
     )
     for job_id in (expired.id, late.id, on_time):
-        assert with_store(db_dsn, lambda s, i=job_id: s.job_retry(i)) is not None
+        assert with_store(db_dsn, partial(_retry, job_id=job_id)) is not None
     rows = {j: job_row(conn, j) for j in (expired.id, late.id, on_time)}
     assert rows[expired.id]["start_by"] is None and rows[late.id]["deadline"] is None
     assert rows[on_time]["start_by"] is not None  # still ahead: kept
