@@ -13,6 +13,7 @@ from deadman.errors import DeadmanError, DuplicateKey, LeaseLost, UnsupportedCon
 from deadman.model import Backoff, Job, JobState, Workflow, WorkflowState
 from deadman.registry import Registry
 from deadman.spec import BatchSpec, JobSpec, SpecError, WorkflowSpec
+from deadman.waiting import WaitTimeout
 from deadman.worker.context import JobContext
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Registry",
     "SpecError",
     "UnsupportedConnection",
+    "WaitTimeout",
     "Workflow",
     "WorkflowSpec",
     "WorkflowState",

@@ -22,8 +22,10 @@ from deadman.clientcore.surface import Operations
 from deadman.config import Settings
 from deadman.db.pool import AsyncConn, async_pool
 from deadman.errors import translate
+from deadman.model import Job
 from deadman.store import plans
 from deadman.store.plan import run_async
+from deadman.waiting import AsyncWaiter
 
 R = TypeVar("R")
 
@@ -37,6 +39,7 @@ class AsyncClient(Operations, Awaiting):
         super().__init__(dsn, settings=settings)
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
         self._pool_lock = asyncio.Lock()
+        self._waiter: AsyncWaiter | None = None
 
     async def _get_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is not None:  # the path of every call after the first
@@ -49,7 +52,17 @@ class AsyncClient(Operations, Awaiting):
                 self._pool = pool
             return self._pool
 
+    async def wait(self, job_id: int, timeout: float) -> Job:
+        """As :meth:`deadman.Client.wait`, awaited; the flag and the reads share this
+        client's pool, the listener is one more connection, opened at the first wait."""
+        if self._waiter is None:
+            self._waiter = AsyncWaiter(self.dsn, pool=await self._get_pool())
+        return await self._waiter.wait(job_id, timeout)
+
     async def close(self) -> None:
+        if self._waiter is not None:
+            await self._waiter.close()
+            self._waiter = None
         async with self._pool_lock:
             if self._pool is not None:
                 await self._pool.close()

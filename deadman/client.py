@@ -25,8 +25,10 @@ from deadman.clientcore.surface import Operations
 from deadman.config import Settings
 from deadman.db.pool import sync_pool
 from deadman.errors import translate
+from deadman.model import Job
 from deadman.store import plans
 from deadman.store.plan import run_sync
+from deadman.waiting import Waiter
 
 __all__ = ["Client", "JobOptions"]
 R = TypeVar("R")
@@ -40,6 +42,7 @@ class Client(Operations, Blocking):
         super().__init__(dsn, settings=settings)
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
+        self._waiter: Waiter | None = None
 
     def _get_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._pool_lock:
@@ -50,11 +53,26 @@ class Client(Operations, Blocking):
                 self._pool = sync_pool(self.dsn, name="deadman-client", max_size=4)
             return self._pool
 
+    def wait(self, job_id: int, timeout: float) -> Job:
+        """The job once it has ended (succeeded, dead or cancelled): state, result,
+        last_error. Woken by a notification, polled every second as a fallback;
+        :class:`deadman.WaitTimeout` after ``timeout`` seconds, :class:`NotFound` at
+        once for an unknown id. One listener connection, opened at the first wait and
+        shared by every wait of this client."""
+        with self._pool_lock:
+            if self._waiter is None:
+                self._waiter = Waiter(self.dsn)
+            waiter = self._waiter
+        return waiter.wait(job_id, timeout)
+
     def close(self) -> None:
         with self._pool_lock:
+            waiter, self._waiter = self._waiter, None
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+        if waiter is not None:
+            waiter.close()
 
     def __enter__(self) -> Client:
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from deadman import AsyncClient, Client
+from deadman import AsyncClient, Client, WaitTimeout
 from deadman.config import Settings
 from deadman.errors import Conflict, DuplicateKey, NotFound, UnsupportedConnection
 from deadman.model import JobState, WorkflowState
@@ -27,6 +28,7 @@ from deadman.spec import SpecError
 from deadman.store import InvalidWorkflow, UnknownDependency
 from deadman.store.limits import Limit
 from tests.factories import connect, insert_job, job_row
+from tests.helpers import wait_for
 
 WRITES = ["enqueue", "enqueue_many", "workflow", "set_limit", "set_schedule"]
 
@@ -231,6 +233,36 @@ def test_retry(side: Side, db_dsn: str) -> None:
         side("retry", downstream.id)
     with pytest.raises(NotFound, match="no job 999999"):
         side("retry", 999999)
+
+
+# -- waiting ---------------------------------------------------------------------------
+
+
+def _finish_once_waited(dsn: str, job_id: int) -> None:
+    """End the job once a wait has flagged it (what a worker's finish does to the row)."""
+    with connect(dsn) as conn:
+        wait_for(lambda: job_row(conn, job_id)["waited"], timeout=10, message="the wait's flag")
+        conn.execute(
+            "UPDATE deadman.jobs SET state = 'succeeded', finished_at = now(),"
+            " result = '{\"answer\": 42}', lease_token = NULL, lease_worker = NULL,"
+            " lease_expires_at = NULL WHERE id = %s",
+            (job_id,),
+        )
+
+
+def test_wait_returns_the_ended_job_and_times_out_otherwise(side: Side, db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        running = insert_job(conn, state="running").id
+    with pytest.raises(WaitTimeout, match=f"job {running} did not end within 0.2 s"):
+        side("wait", running, 0.2)
+    finisher = threading.Thread(target=_finish_once_waited, args=(db_dsn, running))
+    finisher.start()
+    done = side("wait", running, 20)
+    finisher.join()
+    assert (done.state, done.result) == (JobState.SUCCEEDED, {"answer": 42})
+    assert side("wait", running, 0).state is JobState.SUCCEEDED  # ended: at once
+    with pytest.raises(NotFound):
+        side("wait", 999999, 1)
 
 
 # -- limits and schedules -----------------------------------------------------------------
