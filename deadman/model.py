@@ -249,6 +249,9 @@ class Job:
     heartbeat_timeout_ms: int | None = None
     #: the flow-control key (a limit on it bounds this job's starts)
     limit_key: str | None = None
+    #: the enqueuer's W3C trace context (deadman.tracing), as stored: a row written by
+    #: hand may hold anything, so the worker checks it again before it links to it
+    trace_context: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
@@ -289,6 +292,7 @@ class Job:
             deadline=row.get("deadline"),
             heartbeat_timeout_ms=row.get("heartbeat_timeout_ms"),
             limit_key=row.get("limit_key"),
+            trace_context=row.get("trace_context"),
         )
 
 

@@ -47,7 +47,8 @@ WITH v AS (
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash,
                           pending_deps, finished_at, last_error, upstream_cancelled,
-                          start_by, deadline, heartbeat_timeout_ms, limit_key)
+                          start_by, deadline, heartbeat_timeout_ms, limit_key,
+                          trace_context)
 SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
             WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
@@ -58,7 +59,7 @@ SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
        CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
        %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
        %(start_by)s::timestamptz, %(deadline)s::timestamptz,
-       %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text
+       %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text, %(trace_context)s::jsonb
 FROM v
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -69,7 +70,7 @@ CREATE TEMP TABLE IF NOT EXISTS deadman_stage (
     ord bigint, type text, queue text, priority integer, payload jsonb, max_attempts integer,
     backoff jsonb, timeout_ms integer, run_at timestamptz, delay_ms bigint,
     idempotency_key text, request_hash text, start_by timestamptz, deadline timestamptz,
-    heartbeat_timeout_ms integer, limit_key text
+    heartbeat_timeout_ms integer, limit_key text, trace_context jsonb
 ) ON COMMIT DELETE ROWS;
 
 -- name: job_stage_clear
@@ -80,18 +81,18 @@ DELETE FROM pg_temp.deadman_stage;
 COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, backoff,
                             timeout_ms, run_at, delay_ms, idempotency_key,
                             request_hash, start_by, deadline, heartbeat_timeout_ms,
-                            limit_key) FROM STDIN;
+                            limit_key, trace_context) FROM STDIN;
 
 -- name: job_insert_staged
 -- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
 -- Rows whose idempotency key is taken are skipped; the caller learns which by id.
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, start_by,
-                          deadline, heartbeat_timeout_ms, limit_key)
+                          deadline, heartbeat_timeout_ms, limit_key, trace_context)
 SELECT s.type, s.queue, s.priority, s.payload,
        CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
        s.max_attempts, s.backoff, s.timeout_ms, r.run_at, s.idempotency_key, s.request_hash,
-       s.start_by, s.deadline, s.heartbeat_timeout_ms, s.limit_key
+       s.start_by, s.deadline, s.heartbeat_timeout_ms, s.limit_key, s.trace_context
 FROM pg_temp.deadman_stage s
 CROSS JOIN LATERAL (
     SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
@@ -558,15 +559,15 @@ WITH input AS (
                 %(request_hashes)s::text[], %(pending_deps)s::integer[],
                 %(upstream_errors)s::text[], %(start_bys)s::timestamptz[],
                 %(deadlines)s::timestamptz[], %(heartbeat_timeouts_ms)s::integer[],
-                %(limit_keys)s::text[])
+                %(limit_keys)s::text[], %(trace_contexts)s::jsonb[])
          AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
               delay_ms, idempotency_key, request_hash, pending_deps, upstream_error,
-              start_by, deadline, heartbeat_timeout_ms, limit_key)
+              start_by, deadline, heartbeat_timeout_ms, limit_key, trace_context)
 )
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, pending_deps,
                           finished_at, last_error, upstream_cancelled, start_by, deadline,
-                          heartbeat_timeout_ms, limit_key)
+                          heartbeat_timeout_ms, limit_key, trace_context)
 SELECT i.type, i.queue, i.priority, i.payload,
        CASE WHEN i.upstream_error IS NOT NULL THEN 'cancelled'
             WHEN i.pending_deps > 0 THEN 'waiting'
@@ -575,7 +576,7 @@ SELECT i.type, i.queue, i.priority, i.payload,
        CASE WHEN i.upstream_error IS NULL THEN i.pending_deps ELSE 0 END,
        CASE WHEN i.upstream_error IS NOT NULL THEN now() END,
        i.upstream_error, i.upstream_error IS NOT NULL,
-       i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key
+       i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key, i.trace_context
 FROM input i
 CROSS JOIN LATERAL (
     SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
@@ -861,20 +862,21 @@ WITH wf AS (
                 %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
                 %(delays_ms)s::bigint[], %(pending)s::integer[], %(has_dependents)s::boolean[],
                 %(start_bys)s::timestamptz[], %(deadlines)s::timestamptz[],
-                %(heartbeat_timeouts_ms)s::integer[], %(limit_keys)s::text[])
+                %(heartbeat_timeouts_ms)s::integer[], %(limit_keys)s::text[],
+                %(trace_contexts)s::jsonb[])
          AS t(ord, node, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
               run_at, delay_ms, pending, has_dependents, start_by, deadline,
-              heartbeat_timeout_ms, limit_key)
+              heartbeat_timeout_ms, limit_key, trace_context)
 ), inserted AS (
     INSERT INTO deadman.jobs (workflow_id, node, type, queue, priority, payload, state,
                               max_attempts, backoff, timeout_ms, run_at, pending_deps,
                               has_dependents, start_by, deadline, heartbeat_timeout_ms,
-                              limit_key)
+                              limit_key, trace_context)
     SELECT wf.id, i.node, i.type, i.queue, i.priority, i.payload,
            CASE WHEN i.pending > 0 THEN 'waiting'
                 WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
            i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.pending, i.has_dependents,
-           i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key
+           i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key, i.trace_context
     FROM wf CROSS JOIN input i
     CROSS JOIN LATERAL (
         SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')

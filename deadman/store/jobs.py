@@ -40,6 +40,10 @@ class NewJob:
     heartbeat_timeout_ms: int | None = None
     #: the flow-control key: a limit on that key (deadman.limits) bounds its jobs
     limit_key: str | None = None
+    #: the enqueuer's W3C trace context ({"traceparent": ..., "tracestate": ...}), as
+    #: deadman.tracing.carrier checked it; not part of the request (a replay sent from
+    #: another trace is the same request), so not in request_hash
+    trace_context: dict[str, str] | None = None
 
     def request_hash(self) -> str:
         """A fingerprint of what was asked, to tell a replay from a different request."""
@@ -96,7 +100,13 @@ class NewJob:
             "deadline": self.deadline,
             "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
             "limit_key": self.limit_key,
+            "trace_context": self.trace_jsonb,
         }
+
+    @property
+    def trace_jsonb(self) -> Jsonb | None:
+        """The trace context as a jsonb parameter; None is SQL NULL (never JSON null)."""
+        return None if self.trace_context is None else Jsonb(self.trace_context)
 
 
 def deps_verdict(wanted: Sequence[int], rows: Sequence[Any]) -> tuple[int, str | None]:
@@ -143,4 +153,5 @@ def job_columns(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, 
         "deadlines": [j.deadline for j in jobs],
         "heartbeat_timeouts_ms": [j.heartbeat_timeout_ms for j in jobs],
         "limit_keys": [j.limit_key for j in jobs],
+        "trace_contexts": [j.trace_jsonb for j in jobs],
     }

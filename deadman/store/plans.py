@@ -115,6 +115,7 @@ def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple
             job.deadline,
             job.heartbeat_timeout_ms,
             job.limit_key,
+            None if job.trace_context is None else json.dumps(job.trace_context),
         )
 
 

@@ -1,0 +1,12 @@
+-- Traces (deadman.tracing, the optional `deadman[otel]` extra): the W3C trace context
+-- of the code that enqueued the job, {"traceparent": "00-<trace>-<span>-<flags>"}
+-- with "tracestate" when there is one. The worker links each attempt's span to it
+-- (a link, not a parent: DECISIONS 42). NULL for a job enqueued outside a span, over
+-- HTTP without a valid traceparent header, or by a scheduler.
+--
+-- Checked where it comes in, not here (deadman.tracing.carrier: a malformed
+-- traceparent is dropped, as W3C says, never refused; at most 55 + 512 characters),
+-- so no CHECK costs every insert a regex, and the worker reads a hand-written value
+-- through the same check before it trusts it. Nullable without a default: a catalog
+-- change, nothing is rewritten; not indexed, so renewals and finishes stay HOT.
+ALTER TABLE deadman.jobs ADD COLUMN trace_context jsonb;
