@@ -23,7 +23,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, create_database, durable_cluster, machine, median
+from bench.common import (
+    ROOT,
+    create_database,
+    durable_cluster,
+    machine,
+    median,
+    remove_trees,
+    revision_tree,
+)
 
 # Run inside the side's tree: its own bench.deadman_bench drives its own workers.
 DRIVER = """
@@ -37,33 +45,6 @@ else:
     r = dm.burn_down(dsn, n, p, c, Path(logdir))
     print(json.dumps({k: r[k] for k in ("jobs_per_s", "cpu_cores", "verify")}))
 """
-
-
-def _tree(rev: str, keep: list[Path]) -> tuple[Path, str]:
-    """(directory, commit) for a revision; '.' is this checkout as it is."""
-    if rev == ".":
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return ROOT, head + ("+changes" if dirty else "")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    where = Path(tempfile.mkdtemp(prefix=f"deadman-ab-{commit}-"))
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", "--force", str(where), commit],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    keep.append(where)
-    return where, commit
 
 
 def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
@@ -99,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     keep: list[Path] = []
     results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     try:
-        sides = {"before": _tree(a.base, keep), "after": _tree(a.rev, keep)}
+        sides = {"before": revision_tree(a.base, keep), "after": revision_tree(a.rev, keep)}
         with durable_cluster() as cluster:
             dsns = {side: create_database(cluster, f"ab_{side}") for side in sides}
             info = machine(dsns["after"])
@@ -118,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     finally:
-        for where in keep:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False
-            )
+        remove_trees(keep)
     failed = [r for rs in results.values() for r in rs if not (r.get("verify") or {}).get("ok")]
     med = {side: median([r["jobs_per_s"] for r in rs]) for side, rs in results.items()}
     data = {

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -129,6 +130,42 @@ def top_statements(dsn: str, limit: int = 8) -> list[dict[str, Any]]:
         {"query": q, "calls": c, "total_ms": float(t), "mean_ms": float(m), "rows": r}
         for q, c, t, m, r in rows
     ]
+
+
+# --------------------------------------------------------------------------- revisions
+
+
+def revision_tree(rev: str, keep: list[Path]) -> tuple[Path, str]:
+    """(directory, commit) for a revision: a ``git worktree`` of it, appended to
+    ``keep`` (``remove_trees`` removes them); '.' is this checkout as it is."""
+    if rev == ".":
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return ROOT, head + ("+changes" if dirty else "")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    where = Path(tempfile.mkdtemp(prefix=f"deadman-rev-{commit}-"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "--force", str(where), commit],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    keep.append(where)
+    return where, commit
+
+
+def remove_trees(keep: list[Path]) -> None:
+    for where in keep:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
 
 
 # --------------------------------------------------------------------------- processes
@@ -248,9 +285,12 @@ def open_loop(
     event loop and its own ``sender()`` (connection or client) and sleeps until each
     intended time with a precise timer. A send that takes longer than
     ``threads / rate`` seconds delays that thread's next one, and that delay is
-    counted in the next job's latency (``send_lag`` reports it)."""
+    counted in the next job's latency (``send_lag`` reports it). Each send's own
+    duration (from the moment it starts to its return, ``perf_counter``) is kept in
+    ``call_s``: what the enqueue call itself costs the caller, lateness excluded."""
     n = round(rate * seconds)
     ack_at: dict[int, float] = {}
+    call_s: dict[int, float] = {}
     lags: list[float] = []
     errors: list[BaseException] = []
     ready = threading.Barrier(threads + 1)
@@ -264,7 +304,9 @@ def open_loop(
             for i in range(k, n, threads):
                 intended = start + i / rate
                 lags.append(_wait_until(intended))
+                began = time.perf_counter()
                 await send(i, intended)
+                call_s[i] = time.perf_counter() - began
                 ack_at[i] = time.time()
 
     def thread(k: int) -> None:
@@ -298,6 +340,7 @@ def open_loop(
         "send_lag_p99_ms": pct([x * 1000 for x in lags], 99),
         "max_send_lag_ms": round(lags[-1] * 1000, 3),
         "ack_at": ack_at,
+        "call_s": call_s,
     }
 
 
@@ -345,8 +388,10 @@ def latency_summary(
     """p50/p99/p99.9 of handler start - intended send; checks each job ran once.
 
     Split in two: intended send -> the enqueue call returned (its durable COMMIT,
-    the submitter's side) and that return -> handler start (the queue's side)."""
+    the submitter's side) and that return -> handler start (the queue's side). The
+    enqueue call's own duration (``open_loop``'s ``call_s``) is summarized too."""
     ack_at: dict[int, float] = sender.pop("ack_at", {})
+    calls = sorted(x * 1000 for x in sender.pop("call_s", {}).values())
     intended_of = {i: t for i, t, _ in marks}
     acks = sorted((a - intended_of[i]) * 1000 for i, a in ack_at.items() if i in intended_of)
     after = sorted((s - ack_at[i]) * 1000 for i, _, s in marks if i in ack_at)
@@ -368,6 +413,10 @@ def latency_summary(
         "max_ms": round(lat[-1], 3) if lat else None,
         "enqueue_ack_p50_ms": pct(acks, 50),
         "enqueue_ack_p99_ms": pct(acks, 99),
+        "enqueue_ack_p999_ms": pct(acks, 99.9),
+        "enqueue_call_p50_ms": pct(calls, 50),
+        "enqueue_call_p99_ms": pct(calls, 99),
+        "enqueue_call_p999_ms": pct(calls, 99.9),
         "ack_to_start_p50_ms": pct(after, 50),
         "ack_to_start_p99_ms": pct(after, 99),
         "ack_to_start_p999_ms": pct(after, 99.9),
@@ -464,6 +513,76 @@ def cpu_per_job_us(cpu: dict[str, float], window_s: float, n: int) -> dict[str, 
     it. Unlike cores, this does not depend on how much idle time the window held."""
     kinds = ("workers", "postgres")
     return {k: round(cpu.get(k, 0.0) * window_s / n * 1e6, 1) for k in kinds if n}
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [0] state, [1] ppid, ... [11] utime,
+    [12] stime, [13] cutime, [14] cstime (reaped children), in clock ticks."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _postgres_ticks() -> int:
+    """This run's cluster: the postmaster, its live backends, and the backends it has
+    reaped (cutime/cstime), so connections that came and went are counted."""
+    if not POSTMASTER:
+        return 0
+    pm = POSTMASTER[0]
+    try:
+        f = _stat_fields(pm)
+    except OSError:
+        return 0
+    total = sum(int(x) for x in f[11:15])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            child = _stat_fields(int(entry.name))
+            if int(child[1]) == pm:
+                total += int(child[11]) + int(child[12])
+    return total
+
+
+def _pressure_s() -> float:
+    """Seconds some runnable task waited for a CPU, since boot (PSI), or 0."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return int(line.split("total=")[1]) / 1e6
+    return 0.0
+
+
+def share_snapshot() -> dict[str, float]:
+    """Cumulative CPU seconds now: the machine (non-idle), this harness with every
+    child it has reaped (the workers it started and stopped: unlike cpu_snapshot,
+    processes that came and went are counted), this run's Postgres, and the time
+    runnable tasks waited for a CPU (``cpu_share`` turns two of these into cores)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return {
+        "machine": _busy_ticks() / hz,
+        "bench": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        "postgres": _postgres_ticks() / hz,
+        "pressure": _pressure_s(),
+    }
+
+
+def cpu_share(before: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Cores used on average since ``before``: the whole machine, this harness and its
+    workers ('bench'), this run's Postgres, and everything else ('others': other
+    people's work on a shared box); 'cpu_pressure_pct': the share of the time some
+    runnable task waited for a CPU."""
+    now = share_snapshot()
+    d = {k: (now[k] - before[k]) / wall_s for k in now} if wall_s > 0 else dict.fromkeys(now, 0.0)
+    return {
+        "machine": round(d["machine"], 2),
+        "bench": round(d["bench"], 2),
+        "postgres": round(d["postgres"], 2),
+        "others": round(max(d["machine"] - d["bench"] - d["postgres"], 0.0), 2),
+        "cpu_pressure_pct": round(100 * d["pressure"], 1),
+    }
 
 
 def code_fingerprint() -> str:

@@ -38,7 +38,7 @@ from bench.common import (
     top_statements,
     wait_for,
 )
-from deadman import Client
+from deadman import AsyncClient, Client
 from deadman.db.migrate import migrate
 from deadman.db.queries import QUERIES
 
@@ -261,27 +261,60 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def latency(dsn: str, rate: float, seconds: float, markdir: Path, logdir: Path) -> dict[str, Any]:
-    """Open-loop single-job submissions (``Client.enqueue``) to one default worker."""
+def _sync_sender(dsn: str) -> contextlib.AbstractAsyncContextManager[Send]:
+    """Sends with ``Client.enqueue``: the call blocks the sender thread's loop, which
+    has nothing else to do (each thread sends its share one after another)."""
+
+    @contextlib.asynccontextmanager
+    async def sender() -> AsyncIterator[Send]:
+        with Client(dsn) as client:  # one per sender thread, like the peers
+            client.get(0)  # connect before the clock starts
+
+            async def send(i: int, intended: float) -> None:
+                client.enqueue("bench_mark", {"i": i, "t": intended})
+
+            yield send
+
+    return sender()
+
+
+def _async_sender(dsn: str) -> contextlib.AbstractAsyncContextManager[Send]:
+    """Sends with ``await AsyncClient.enqueue``, on the sender thread's event loop."""
+
+    @contextlib.asynccontextmanager
+    async def sender() -> AsyncIterator[Send]:
+        # One per sender thread: its pool belongs to that thread's loop.
+        async with AsyncClient(dsn) as aclient:
+            await aclient.get(0)  # connect before the clock starts
+
+            async def send(i: int, intended: float) -> None:
+                await aclient.enqueue("bench_mark", {"i": i, "t": intended})
+
+            yield send
+
+    return sender()
+
+
+def latency(
+    dsn: str,
+    rate: float,
+    seconds: float,
+    markdir: Path,
+    logdir: Path,
+    asynchronous: bool = False,
+) -> dict[str, Any]:
+    """Open-loop single-job submissions to one default worker: ``Client.enqueue``, or
+    with ``asynchronous`` ``AsyncClient.enqueue``; the same schedule and harness."""
     truncate(dsn)
     clean_dir(markdir)
-    proc = _worker(dsn, 1, 10, logdir / "deadman-latency.log", {"BENCH_MARK_DIR": str(markdir)})
+    log = logdir / f"deadman-latency{'-async' if asynchronous else ''}.log"
+    proc = _worker(dsn, 1, 10, log, {"BENCH_MARK_DIR": str(markdir)})
     n = round(rate * seconds)
+    make_sender = _async_sender if asynchronous else _sync_sender
     try:
         _wait_workers(dsn, 1)
         time.sleep(0.5)
-
-        @contextlib.asynccontextmanager
-        async def sender() -> AsyncIterator[Send]:
-            with Client(dsn) as client:  # one per sender thread, like the peers
-                client.get(0)  # connect before the clock starts
-
-                async def send(i: int, intended: float) -> None:
-                    client.enqueue("bench_mark", {"i": i, "t": intended})
-
-                yield send
-
-        sent = open_loop(sender, rate, seconds)
+        sent = open_loop(lambda: make_sender(dsn), rate, seconds)
         wait_for(lambda: len(read_marks(markdir)) >= n, 60, "deadman latency jobs", 0.1)
         time.sleep(0.5)  # a doubled execution would show up now
         done_q = "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded'"

@@ -1,6 +1,10 @@
 """BENCHMARKS.md from the raw JSON of one run. Every number comes from the JSON.
 
 python -m bench.report bench/results/full-<time>.json   # re-render a run
+
+A full run of every phase renders BENCHMARKS.md, with every committed
+``full-latency-<time>.json`` (``python -m bench.run --only latency``), ``ab-*.json``
+and ``limits-*.json`` in their own sections; any other run renders next to its JSON.
 """
 
 from __future__ import annotations
@@ -143,6 +147,7 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _bulk(data, w)
     _burn(data, w, plots, md_path)
     _latency(data, w, plots, md_path)
+    _latency_runs(w, md_path)
     _rescue(data, w)
     _profile(data, w)
     _before_after(w, md_path)
@@ -353,34 +358,89 @@ def _burn_row(w: Any, head: str, r: dict[str, Any], best_peer: float | None) -> 
     )
 
 
+LATENCY_SYSTEMS = ("deadman", "deadman_async", *PEERS)
+LATENCY_LABELS = {"deadman_async": "deadman (async client)"}
+# The split of the total, one column each: (heading, key prefix). A column shows the
+# percentiles the rows have (runs before the enqueue call was timed have no such
+# column, and their enqueue ack no p99.9).
+LATENCY_SPLITS = (
+    ("enqueue call", "enqueue_call"),
+    ("enqueue ack", "enqueue_ack"),
+    ("ack → start", "ack_to_start"),
+)
+PCTS = (("p50", "p50"), ("p99", "p99"), ("p99.9", "p999"))
+
+
+def _latency_table(lat: dict[str, Any], w: Any) -> None:
+    """One row per system the run measured, in LATENCY_SYSTEMS order."""
+    rows = [(name, lat[name]) for name in LATENCY_SYSTEMS if name in lat]
+    splits = [
+        (head, prefix, [(label, f"{prefix}_{key}_ms") for label, key in PCTS])
+        for head, prefix in LATENCY_SPLITS
+    ]
+    splits = [
+        (head, prefix, [(label, k) for label, k in keys if any(k in r for _, r in rows)])
+        for head, prefix, keys in splits
+    ]
+    splits = [s for s in splits if s[2]]
+    heads = [
+        "system",
+        "setting",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "runs: p50 / p99 ms",
+        *(f"{head} {' / '.join(label for label, _ in keys)} ms" for head, _, keys in splits),
+        "jobs",
+        "exactly once",
+    ]
+    w("| " + " | ".join(heads) + " |")
+    w("|" + "---|" * len(heads))
+    for name, r in rows:
+        label = LATENCY_LABELS.get(name, name)
+        if "p50_ms" not in r:
+            blanks = " |" * (len(heads) - 3)
+            w(f"| {label} | {r.get('setting')} | FAILED: {r.get('error')} |{blanks}")
+            continue
+        once = "yes" if r.get("ok") else f"**NO** (missing {r['missing']}, doubled {r['doubled']})"
+        reps = ", ".join(f"{_f(x['p50_ms'], 2)} / {_f(x['p99_ms'], 2)}" for x in r.get("reps", []))
+        cells = [
+            label,
+            str(r.get("setting")),
+            *(_f(r[k], 2) for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
+            reps or "n/a",
+            *(" / ".join(_f(r.get(k), 2) for _, k in keys) for _, _, keys in splits),
+            str(r["n"]),
+            once,
+        ]
+        w("| " + " | ".join(cells) + " |")
+
+
+def _sender_lateness(lat: dict[str, Any], w: Any) -> None:
+    lags = [
+        f"{LATENCY_LABELS.get(name, name)} p50 {_f(snd.get('send_lag_p50_ms'), 3)} / p99 "
+        f"{_f(snd.get('send_lag_p99_ms'), 3)} / max {_f(snd.get('max_send_lag_ms'), 2)} ms"
+        for name in LATENCY_SYSTEMS
+        if (snd := lat.get(name, {}).get("sender")) and "send_lag_p50_ms" in snd
+    ]
+    if lags:
+        w("Sender lateness (actual send minus intended send): " + "; ".join(lags) + ".\n")
+
+
 def _latency(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -> None:
     lat = data.get("latency")
     if not lat:
         return
     plan = data["plan"]
     w(f"## Latency: enqueue → handler start at {plan['rate']:.0f} jobs/s offered\n")
+    _latency_table(lat, w)
+    timed = any("enqueue_call_p50_ms" in r for r in lat.values())
     w(
-        "| system | setting | p50 ms | p99 ms | p99.9 ms | max ms | runs: p50 / p99 ms | "
-        "enqueue ack p50 / p99 ms | ack → start p50 / p99 / p99.9 ms | jobs | exactly once |"
-    )
-    w("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name in ("deadman", *PEERS):
-        r = lat.get(name, {})
-        if "p50_ms" not in r:
-            w(f"| {name} | {r.get('setting')} | FAILED: {r.get('error')} | | | | | | | | |")
-            continue
-        once = "yes" if r.get("ok") else f"**NO** (missing {r['missing']}, doubled {r['doubled']})"
-        reps = ", ".join(f"{_f(x['p50_ms'], 2)} / {_f(x['p99_ms'], 2)}" for x in r.get("reps", []))
-        w(
-            f"| {name} | {r.get('setting')} | {_f(r['p50_ms'], 2)} | {_f(r['p99_ms'], 2)} | "
-            f"{_f(r['p999_ms'], 2)} | {_f(r['max_ms'], 2)} | {reps or 'n/a'} | "
-            f"{_f(r.get('enqueue_ack_p50_ms'), 2)} / {_f(r.get('enqueue_ack_p99_ms'), 2)} | "
-            f"{_f(r.get('ack_to_start_p50_ms'), 2)} / {_f(r.get('ack_to_start_p99_ms'), 2)} / "
-            f"{_f(r.get('ack_to_start_p999_ms'), 2)} | {r['n']} | {once} |"
-        )
-    w(
-        "\np50, p99 and p99.9 are medians over the runs; max, the split and the sender's "
-        "lateness below come from the run with the median p50.\n"
+        "\np50, p99 and p99.9 are medians over the runs"
+        + (" (the enqueue call's too)" if timed else "")
+        + "; max, the split and the sender's lateness below come from the run with the "
+        "median p50.\n"
     )
     w(
         "The total (intended send → handler start) is the headline. It splits into the "
@@ -389,17 +449,111 @@ def _latency(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path
         "part follows the disk's commit latency (see Machine), the same disk for every "
         "system.\n"
     )
-    lags = [
-        f"{name} p50 {_f(snd.get('send_lag_p50_ms'), 3)} / p99 {_f(snd.get('send_lag_p99_ms'), 3)}"
-        f" / max {_f(snd.get('max_send_lag_ms'), 2)} ms"
-        for name in ("deadman", *PEERS)
-        if (snd := lat.get(name, {}).get("sender")) and "send_lag_p50_ms" in snd
-    ]
-    if lags:
-        w("Sender lateness (actual send minus intended send): " + "; ".join(lags) + ".\n")
+    _sender_lateness(lat, w)
     if "latency" in plots:
         w(f"\n![latency]({_rel(plots['latency'], md_path)})\n")
     w("")
+
+
+def _latency_runs(w: Any, md_path: Path) -> None:
+    """Every committed ``python -m bench.run --only latency`` (full mode) result, oldest
+    first: the latency phase alone, re-run after the run above, each with its machine."""
+    results = [
+        (path, json.loads(path.read_text()))
+        for path in sorted((md_path.parent / "bench" / "results").glob("full-latency-*.json"))
+    ]
+    if not results:
+        return
+    w("## Latency runs on their own: Client.enqueue and AsyncClient.enqueue\n")
+    w(
+        "From `python -m bench.run --only latency` (full mode), not from the run above: "
+        "the latency phase alone on its own private durable cluster, the method above, "
+        "with one more row: Deadman submitting with `await AsyncClient.enqueue` (issue 15 "
+        "asks that it not be slower than the sync client). It runs in the same harness as "
+        "the sync row: the same schedule, the same 4 sender threads, each with its own "
+        "event loop and its own `AsyncClient` (so its own pool), and the same worker; its "
+        "runs are interleaved with the others (Deadman with `Client.enqueue`, Deadman with "
+        "`AsyncClient.enqueue`, pgqueuer, procrastinate, Deadman, ...). 'enqueue call' is "
+        "the call's own duration, from the moment it is made to its return "
+        "(`time.perf_counter`), for every system; its percentiles are medians over the "
+        "runs, like the total's.\n"
+    )
+    for path, data in results:
+        _latency_run(w, path, data, md_path)
+
+
+def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> None:
+    plan, lat = data["plan"], data.get("latency", {})
+    w(
+        f"### Started {data['started_at']}: {plan['rate']:.0f} jobs/s offered for "
+        f"{plan['latency_s']:.0f} s, {plan['reps']} runs per system\n"
+    )
+    _latency_table(lat, w)
+    w("")
+    sync, asyn = lat.get("deadman", {}), lat.get("deadman_async", {})
+    if sync.get("ok") and asyn.get("ok") and "enqueue_call_p50_ms" in sync:
+        ratios = ", ".join(
+            f"{label} {_f(asyn[k], 2)} / {_f(sync[k], 2)} ms = {_ratio(asyn[k], sync[k])}"
+            for label, k in ((f"call {label}", f"enqueue_call_{key}_ms") for label, key in PCTS)
+        )
+        per_run = "; ".join(
+            f"{_f(a['enqueue_call_p50_ms'], 2)} / {_f(b['enqueue_call_p50_ms'], 2)}"
+            for a, b in zip(asyn.get("reps", []), sync.get("reps", []), strict=False)
+        )
+        totals = ", ".join(
+            f"{label} {_ratio(asyn[k], sync[k])}"
+            for label, k in (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p999_ms"))
+        )
+        w(
+            f"AsyncClient.enqueue ÷ Client.enqueue (lower is better): {ratios}; the call's "
+            f"p50 run by run (async / sync, in the order they ran): {per_run}. The total "
+            f"(intended send → handler start): {totals}.\n"
+        )
+    _sender_lateness(lat, w)
+    m, v = data["machine"], data.get("versions", {})
+    cp = m.get("commit_probe")
+    probe = (
+        f"; a durable commit (1-row INSERT) p50 {cp['p50_ms']:.2f} ms, p99 {cp['p99_ms']:.2f} ms"
+        if cp
+        else ""
+    )
+    # Cores used meanwhile (bench.common.cpu_share), each run in the order they ran.
+    shares = {
+        LATENCY_LABELS.get(name, name): [x["cpu_cores"] for x in r["reps"]]
+        for name, r in lat.items()
+        if r.get("reps") and all("others" in x.get("cpu_cores", {}) for x in r["reps"])
+    }
+    cpu = "; ".join(
+        f"{k} "
+        + ", ".join(
+            f"{c['machine']:.2f} / {c['others']:.2f} / {c['cpu_pressure_pct']:.0f}%" for c in cs
+        )
+        for k, cs in shares.items()
+    )
+    others = [c["others"] for cs in shares.values() for c in cs]
+    w(
+        f"Machine: {_machine_name(m)}, {m['memory_gib']} GiB, kernel {m['kernel']}{probe}. "
+        f"Python {v.get('python')}, deadman {v.get('deadman')} from "
+        f"`{data.get('deadman_from', '?')}`; code measured: git {data.get('git_head')} "
+        f"(fingerprint {data.get('code_start')} at start, {data.get('code_end')} at end). "
+        f"Load average at start {data.get('load_start', {}).get('loadavg')}, at end "
+        f"{data.get('load_end', {}).get('loadavg')}.\n"
+    )
+    if cpu:
+        w(
+            "During each run, cores busy on the whole machine / of them taken by other "
+            "processes than this run's (its harness, worker and Postgres) / the share of "
+            f"the time some task waited for a CPU: {cpu}.\n"
+        )
+    w(f"Raw: `{_rel(path, md_path)}`.\n")
+    if data.get("code_start") != data.get("code_end"):
+        w("> **Warning: the package changed on disk during this run** (editable install).\n")
+    if others and sum(others) / len(others) > 0.2:
+        w(
+            "> **This run shared the machine with other work** (the cores other processes "
+            "used, above): absolute figures are noisy; the rows were measured in "
+            "interleaved runs, so the ratios between them are the more trustworthy.\n"
+        )
 
 
 def _rescue(data: dict[str, Any], w: Any) -> None:
@@ -523,16 +677,17 @@ def _before_after(w: Any, md_path: Path) -> None:
     machines: dict[str, list[str]] = {}
     for path, ab in results:
         m = ab.get("machine", {})
-        name = (
-            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres {m.get('postgres', '?')}"
-        )
-        machines.setdefault(name, []).append(f"`{_rel(path, md_path)}`")
+        machines.setdefault(_machine_name(m), []).append(f"`{_rel(path, md_path)}`")
     w(
         "\nMachines and raw results: "
         + "; ".join(f"{name}: {', '.join(files)}" for name, files in machines.items())
         + ". `+changes`: the checkout had uncommitted edits (the commit after it holds them; the "
         "report itself, or a fix measured before it was committed).\n"
     )
+
+
+def _machine_name(m: dict[str, Any]) -> str:
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres {m.get('postgres', '?')}"
 
 
 def _limits_cost(w: Any, md_path: Path) -> None:
@@ -562,10 +717,7 @@ def _limits_cost(w: Any, md_path: Path) -> None:
                 f"{', '.join(_f(r['jobs_per_s']) for r in runs)} | "
                 f"{_f(data['median_jobs_per_s'][shape])} | **{data['ratio_to_unkeyed'][shape]}x** |"
             )
-        w(
-            f"\nMachine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, Postgres "
-            f"{m.get('postgres', '?')}; raw: `{_rel(path, md_path)}`.\n"
-        )
+        w(f"\nMachine: {_machine_name(m)}; raw: `{_rel(path, md_path)}`.\n")
 
 
 def _cpu_bound(data: dict[str, Any], best: dict[str, Any], cores: int) -> list[str]:
@@ -1009,8 +1161,11 @@ def write(data: dict[str, Any], md_path: Path, plot_dir: Path) -> None:
     md_path.write_text(render(data, made, md_path), encoding="utf-8")
 
 
-if __name__ == "__main__":
-    src = Path(sys.argv[1])
+def render_file(src: Path) -> Path:
+    """Render one run's raw JSON: a full run of every phase is BENCHMARKS.md (with the
+    other committed results, found by name), any other run a report next to its JSON."""
+    from bench.run import PHASES
+
     raw = json.loads(src.read_text())
     prof_raw = src.with_suffix("") / "deadman-profile.txt"
     prof = raw.get("profile", {}).get("profile")
@@ -1019,7 +1174,14 @@ if __name__ == "__main__":
 
         prof["groups"] = profile_groups(prof_raw)
     root = Path(__file__).resolve().parent.parent
-    if raw["plan"]["mode"] == "full":
-        write(raw, root / "BENCHMARKS.md", root / "bench" / "plots")
+    if raw["plan"]["mode"] == "full" and set(PHASES) <= set(raw.get("phases", PHASES)):
+        md = root / "BENCHMARKS.md"
+        write(raw, md, root / "bench" / "plots")
     else:
-        write(raw, src.with_suffix(".md"), src.parent / (src.stem + "-plots"))
+        md = src.with_suffix(".md")
+        write(raw, md, src.parent / (src.stem + "-plots"))
+    return md
+
+
+if __name__ == "__main__":
+    print(render_file(Path(sys.argv[1])))

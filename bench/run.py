@@ -4,6 +4,9 @@
                                    # 10-minute retention run (make bench, < 30 min)
     python -m bench.run --quick    # smoke: small counts, 1 rep (make bench-quick, < 5 min)
     python -m bench.run --only http,scale   # a subset of the phases
+    python -m bench.run --only latency      # the latency phase alone (~7 min): its JSON,
+                                            # full-latency-<time>.json, gets its own
+                                            # section in BENCHMARKS.md (bench.report)
 
 One private durable cluster per run (fsync on, synchronous_commit on), one fresh
 database per system. Systems run one after another, never at the same time.
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 import traceback
@@ -23,19 +28,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import deadman
 from bench import deadman_bench as dm
 from bench import http_submit, retention, scale
 from bench.common import (
     ROOT,
     code_fingerprint,
     commit_probe,
+    cpu_share,
     create_database,
     durable_cluster,
     load,
     machine,
     median,
+    remove_trees,
     reset_pg_stats,
+    revision_tree,
     settle,
+    share_snapshot,
     top_statements,
 )
 from bench.peers import pgqueuer_bench as pgq
@@ -264,17 +274,23 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
 
 LATENCY_SETTINGS = {
     "deadman": "1 worker process, concurrency 10 (default), Client.enqueue",
+    "deadman_async": "1 worker process, concurrency 10 (default), AsyncClient.enqueue",
     "pgqueuer": "1 QueueManager, batch_size 10 (default), Queries.enqueue",
     "procrastinate": "1 worker, concurrency 10, Task.defer_async",
 }
 
 
 def latency(plan: Plan, dsns: dict[str, str], work: Path, logdir: Path) -> dict[str, Any]:
-    """``plan.reps`` runs per system, interleaved (D, P, R, D, P, R, ...), each after
-    the cluster has settled; percentiles are the medians over the runs."""
+    """``plan.reps`` runs per system, interleaved (D, DA, P, R, D, DA, P, R, ...; DA:
+    Deadman submitting with AsyncClient), each after the cluster has settled;
+    percentiles are the medians over the runs. Each run records the cores the
+    machine, the run and others used meanwhile: on a shared box, what others took."""
     marks, ready = work / "marks", work / "ready"
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "deadman": lambda: dm.latency(dsns["deadman"], plan.rate, plan.latency_s, marks, logdir),
+        "deadman_async": lambda: dm.latency(
+            dsns["deadman"], plan.rate, plan.latency_s, marks, logdir, asynchronous=True
+        ),
         "pgqueuer": lambda: pgq.latency(
             dsns["pgqueuer"], plan.rate, plan.latency_s, marks, logdir, ready
         ),
@@ -285,30 +301,55 @@ def latency(plan: Plan, dsns: dict[str, str], work: Path, logdir: Path) -> dict[
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     for rep in range(plan.reps):
         for name, run in runners.items():
-            quiet = settle(dsns[name])
+            quiet = settle(dsns[name.removesuffix("_async")])  # one Deadman database
+            cpu0, t0 = share_snapshot(), time.time()
             r = guarded(f"{name} latency", run)
+            r["cpu_cores"] = cpu_share(cpu0, time.time() - t0)
             r["settled"] = quiet
             runs[name].append(r)
-            log(f"latency rep {rep + 1} {name}: p50 {r.get('p50_ms')} p99 {r.get('p99_ms')}")
+            log(f"latency rep {rep + 1} {name}: {_latency_line(r)}")
     out = {name: _median_latency(rs) for name, rs in runs.items()}
     for name, r in out.items():
         r["setting"] = LATENCY_SETTINGS[name]
-        log(f"latency {name}: p50 {r.get('p50_ms')} p99 {r.get('p99_ms')} ok={r.get('ok')}")
+        log(f"latency {name}: {_latency_line(r)} ok={r.get('ok')}")
     return out
 
 
+def _latency_line(r: dict[str, Any]) -> str:
+    return (
+        f"p50 {r.get('p50_ms')} p99 {r.get('p99_ms')} p99.9 {r.get('p999_ms')}; enqueue call "
+        f"p50 {r.get('enqueue_call_p50_ms')} p99 {r.get('enqueue_call_p99_ms')}; cores "
+        f"{r.get('cpu_cores')}"
+    )
+
+
+# Medians over the runs: the total, and the enqueue call's own time (what "the async
+# client is not slower than the sync one" is about).
+LATENCY_MEDIANS = (
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "enqueue_call_p50_ms",
+    "enqueue_call_p99_ms",
+    "enqueue_call_p999_ms",
+)
+
+
 def _median_latency(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median p50 (its split and sender figures), with p50, p99 and
-    p99.9 replaced by their medians over all runs; any failed run fails the lot."""
+    """The run with the median p50 (its split, sender and CPU figures), with the
+    ``LATENCY_MEDIANS`` replaced by their medians over all runs; any failed run
+    fails the lot."""
     good = [r for r in runs if "p50_ms" in r]
     if len(good) < len(runs) or not good:
         failed = next((r for r in runs if "p50_ms" not in r), {"error": "no run"})
         return {**failed, "ok": False, "runs": runs}
     mid = sorted(good, key=lambda r: r["p50_ms"])[len(good) // 2]
     out = dict(mid)
-    for key in ("p50_ms", "p99_ms", "p999_ms"):
+    for key in LATENCY_MEDIANS:
         out[key] = median([r[key] for r in good])
-    out["reps"] = [{k: r[k] for k in ("p50_ms", "p99_ms", "p999_ms")} for r in good]
+    out["reps"] = [
+        {**{k: r[k] for k in LATENCY_MEDIANS}, "cpu_cores": r["cpu_cores"]} for r in good
+    ]
     out["ok"] = all(r.get("ok") for r in good)
     return out
 
@@ -334,7 +375,11 @@ PHASES = ("bulk", "burn", "latency", "rescue", "profile", "http", "scale", "rete
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run")
     ap.add_argument("--quick", action="store_true", help="small counts, 1 rep (< 5 min)")
-    ap.add_argument("--out", help="raw JSON path (default bench/results/<mode>-<time>.json)")
+    ap.add_argument(
+        "--out",
+        help="raw JSON path (default bench/results/<mode>-<time>.json, "
+        "<mode>-<phase>+<phase>-<time>.json for a subset)",
+    )
     ap.add_argument(
         "--md",
         help="report path, plots in a 'plots' directory next to it (default: BENCHMARKS.md "
@@ -345,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PHASES),
         help="comma-separated subset of " + ",".join(PHASES),
     )
+    ap.add_argument(
+        "--rev",
+        help="measure this commit (package, migrations and bench code) from a git worktree "
+        "of it, not this checkout as it is; the results still land in this checkout",
+    )
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     only = set(args.only.split(","))
@@ -353,10 +403,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     results_dir = ROOT / "bench" / "results"
-    work = results_dir / f"{plan.mode}-{stamp}"
+    phases = [p for p in PHASES if p in only]
+    # A subset says so in its name (full-latency-<time>.json): bench.report reads the
+    # latency-only full runs next to the run of every phase that BENCHMARKS.md is.
+    run_name = plan.mode if len(phases) == len(PHASES) else f"{plan.mode}-{'+'.join(phases)}"
+    out_path = Path(args.out) if args.out else results_dir / f"{run_name}-{stamp}.json"
+    if args.rev:
+        child = ["--only", ",".join(phases), "--out", str(out_path.resolve())]
+        if args.quick:
+            child.append("--quick")
+        if args.md:
+            child += ["--md", str(Path(args.md).resolve())]
+        return _at_revision(args.rev, child, out_path, render=not args.md)
+    work = out_path.with_suffix("")  # logs, marks: next to the JSON, named like it
     logdir = work / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    out_path = Path(args.out) if args.out else results_dir / f"{plan.mode}-{stamp}.json"
     started = time.monotonic()
     data: dict[str, Any] = {
         "plan": asdict(plan),
@@ -364,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": load(),
         "code_start": code_fingerprint(),
         "git_head": _git_head(),
-        "phases": [p for p in PHASES if p in only],
+        "phases": phases,
+        "deadman_from": str(Path(deadman.__file__).resolve().parent),
         "phase_s": {},
     }
 
@@ -464,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         md, plots = work / "BENCHMARKS.md", work / "plots"
     report.write(data, md, plots)
     log(f"wrote {md} and plots in {plots}")
+    if plan.mode == "full" and phases == ["latency"] and not args.md:
+        log(
+            "BENCHMARKS.md: python -m bench.report bench/results/<the full run of every "
+            f"phase>.json renders it with {out_path.name} in its latency section"
+        )
     for name, secs in data["phase_s"].items():
         log(f"  {name:<10} {secs:>7.1f} s")
     log(f"  {'total':<10} {data['wall_s']:>7.1f} s")
@@ -471,6 +538,27 @@ def main(argv: list[str] | None = None) -> int:
     for f in failures:
         log(f"FAILED: {f}")
     return 1 if failures else 0
+
+
+def _at_revision(rev: str, argv: list[str], out_path: Path, render: bool) -> int:
+    """``python -m bench.run argv`` inside a git worktree of ``rev``: other people's
+    edits to this checkout (the package is installed editable) are not measured. The
+    JSON and the logs land here (``argv`` has ``--out``); a full run of every phase
+    is rendered into this checkout's BENCHMARKS.md (``render``), as bench.report does."""
+    keep: list[Path] = []
+    try:
+        tree, commit = revision_tree(rev, keep)
+        log(f"measuring {commit} from {tree}")
+        env = {**os.environ, "PYTHONPATH": str(tree)}  # before the editable install's path
+        argv = [sys.executable, "-m", "bench.run", *argv]
+        rc = subprocess.run(argv, cwd=tree, env=env, check=False).returncode
+    finally:
+        remove_trees(keep)
+    if render and out_path.exists():
+        from bench import report
+
+        report.render_file(out_path)
+    return rc
 
 
 def _failures(data: dict[str, Any]) -> list[str]:
@@ -502,8 +590,6 @@ def _failures(data: dict[str, Any]) -> list[str]:
 
 
 def _git_head() -> str:
-    import subprocess
-
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
