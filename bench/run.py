@@ -414,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
             child.append("--quick")
         if args.md:
             child += ["--md", str(Path(args.md).resolve())]
-        return _at_revision(args.rev, child, out_path, render=not args.md)
+        # A subset's report lands next to its JSON here anyway; BENCHMARKS.md does not.
+        everything = plan.mode == "full" and len(phases) == len(PHASES)
+        return _at_revision(args.rev, child, out_path, render=everything and not args.md)
     work = out_path.with_suffix("")  # logs, marks: next to the JSON, named like it
     logdir = work / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
