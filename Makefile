@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Lint only the directories that exist (chaos/ and bench/ may not yet).
-LINT_DIRS := $(wildcard deadman tests chaos bench)
+LINT_DIRS := $(wildcard deadman tests chaos bench examples)
 
 # First interpreter that is Python >= 3.11 (pyenv shims for missing versions fail the
 # probe and are skipped). Recursive (?=), so it is only probed when a venv is created.

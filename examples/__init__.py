@@ -1,0 +1,1 @@
+"""Example applications built on deadman (not shipped in the wheel)."""
