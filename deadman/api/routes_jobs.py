@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from deadman import tracing
 from deadman.api import schema
 from deadman.api.idempotency import submit, submit_batch
 from deadman.api.limits import check_queue_depth
@@ -20,7 +21,7 @@ from deadman.api.state import api_state
 from deadman.bounds import WAIT_MS_MAX
 from deadman.errors import NotFound
 from deadman.model import Job, JobState
-from deadman.store import UnknownDependency
+from deadman.store import NewJob, UnknownDependency
 from deadman.waiting import WaiterClosed, WaitTimeout
 
 
@@ -33,6 +34,7 @@ async def create_job(request: Request) -> Response:
     state = api_state(request)
     key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
     new = schema.parse_new_job(await schema.read_json(request), idempotency_key=key)
+    [new] = traced(request, [new])
     await check_queue_depth(state.store, state.settings.max_queue_depth, [new])
     try:
         done = await submit(state.store, new, state.settings.max_attempts)
@@ -57,7 +59,7 @@ async def create_jobs(request: Request) -> Response:
                 }
             ]
         )
-    jobs = schema.parse_batch(await schema.read_json(request))
+    jobs = traced(request, schema.parse_batch(await schema.read_json(request)))
     await check_queue_depth(state.store, state.settings.max_queue_depth, jobs)
     try:
         done = await submit_batch(state.store, jobs, state.settings.max_attempts)
@@ -68,6 +70,16 @@ async def create_jobs(request: Request) -> Response:
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     body = {"jobs": [job_json(d.job) for d in done]}
     return JSONResponse(body, 200 if replayed else 201, headers=headers)
+
+
+def traced(request: Request, jobs: list[NewJob]) -> list[NewJob]:
+    """The jobs with the request's W3C trace context (``traceparent`` and
+    ``tracestate`` headers, checked by deadman.tracing.carrier: a malformed one is
+    ignored, the jobs are enqueued without it), so their run spans link to the
+    caller's trace; as they were when there is none."""
+    headers = request.headers
+    found = tracing.carrier(headers.getlist("traceparent"), headers.getlist("tracestate"))
+    return jobs if found is None else [replace(j, trace_context=found) for j in jobs]
 
 
 async def get_job(request: Request) -> Response:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from deadman import tracing
 from deadman.model import Job, JobState
 from deadman.store.limits import Limit
 from deadman.store.schedules import Schedule
@@ -56,6 +57,8 @@ def job_json(job: Job) -> dict[str, Any]:
         "deadline": rfc3339(job.deadline),
         "heartbeat_timeout_ms": job.heartbeat_timeout_ms,
         "limit_key": job.limit_key,
+        # checked as the worker checks it: a row written by hand may hold anything
+        "trace_context": tracing.stored(job.trace_context),
     }
 
 

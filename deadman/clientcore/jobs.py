@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar, Unpack
 
 from deadman.clientcore.core import Call, Core
-from deadman.clientcore.options import JobOptions
+from deadman.clientcore.options import JobOptions, traced
 from deadman.connections import Joinable
 from deadman.errors import Conflict, DuplicateKey, NotFound
 from deadman.model import Job, Workflow
@@ -55,7 +55,7 @@ def submit(
     body = spec.model_dump(exclude_unset=True, by_alias=True)
     if idempotency_key is not None:
         body["idempotency_key"] = idempotency_key
-    return Call(_enqueued(validate(BatchJobSpec, body).to_new_job(), client), conn)
+    return Call(_enqueued(traced(validate(BatchJobSpec, body).to_new_job()), client), conn)
 
 
 def enqueue_many(

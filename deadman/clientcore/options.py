@@ -4,9 +4,11 @@ checks: durations given as timedeltas or seconds, sent as milliseconds."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
+from deadman import tracing
 from deadman.model import Backoff, Job
 from deadman.spec import BatchJobSpec, KeyedName, SpecError, validate
 from deadman.store import NewJob
@@ -62,7 +64,15 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
             body[name] = [d.id if isinstance(d, Job) else d for d in value]  # type: ignore[attr-defined]
         else:
             body[name] = value
-    return validate(BatchJobSpec, body).to_new_job()
+    return traced(validate(BatchJobSpec, body).to_new_job())
+
+
+def traced(job: NewJob) -> NewJob:
+    """``job`` with the current span's trace context (deadman.tracing), when there is
+    one: a job carries the context it was built in (``Client.job`` for enqueue_many and
+    workflow nodes, or ``enqueue``), so the worker's run span links to that trace."""
+    found = tracing.current()
+    return job if found is None else replace(job, trace_context=found)
 
 
 def checked_name(value: str, field: str) -> str:

@@ -22,7 +22,7 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Callable
 
-from deadman import logs, metrics
+from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
 from deadman.model import JobState
 from deadman.store import Finish
@@ -118,6 +118,14 @@ class Completer:
             task.result()
 
     async def _flush(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> None:
+        with tracing.span(
+            "deadman complete", {"messaging.batch.message_count": len(batch)}
+        ) as span:
+            done = await self._flush_rows(batch)
+            span.set_attribute("deadman.complete.written", len(done))
+
+    async def _flush_rows(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> set[int]:
+        """Write the batch, settle each submitter; the ids written."""
         try:
             done = await self._write([f for f, _, _ in batch])
         except Exception:
@@ -141,6 +149,7 @@ class Completer:
                         item[2].set_exception(exc)
             batch = [item for item in batch if not item[2].done()]
         self._settle(batch, done)
+        return done
 
     async def _write(self, finishes: list[Finish]) -> set[int]:
         while True:

@@ -29,7 +29,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from deadman import logs, metrics
+from deadman import logs, metrics, tracing
 from deadman.errors import LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import HandlerSpec, Registry
@@ -222,7 +222,8 @@ class Executor:
         started = time.monotonic()
         finish: Finish | None = None
         try:
-            finish = await self._invoke(held, spec, bound)
+            run = self._invoke(held, spec, bound)  # in its span with the extra (deadman.tracing)
+            finish = await (tracing.attempt(job, ctx, run) if tracing.ENABLED else run)
         finally:
             metrics.RUN_TIME.observe(time.monotonic() - started)
         # The slot stays taken until the outcome is written (in _release): if slots
@@ -283,7 +284,8 @@ class Executor:
                 result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
                 loop = asyncio.get_running_loop()
-                fut = loop.run_in_executor(self._threads, spec.fn, job, ctx)
+                fn = tracing.carried(spec.fn) if tracing.ENABLED else spec.fn
+                fut = loop.run_in_executor(self._threads, fn, job, ctx)
                 held.thread = fut
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting
                 # and tell it through ctx.cancelled; whatever it writes later is

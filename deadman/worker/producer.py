@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 
-from deadman import logs, metrics
+from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
 from deadman.store import ClaimParams, quarantine_at
 from deadman.worker.parts import WorkerLoop, WorkerParts
@@ -125,9 +125,11 @@ class Producer(WorkerLoop):
         worker took it): back to normal claims until the next check says otherwise."""
         for queue in self._queues:
             sent = time.monotonic()
-            jobs = await self._store.job_claim_quarantined(
-                self._claim_params(queue, 1, ttl_ms), retry_s=0
-            )
+            with tracing.span("deadman claim", _claiming(queue, 1, quarantined=True)) as span:
+                jobs = await self._store.job_claim_quarantined(
+                    self._claim_params(queue, 1, ttl_ms), retry_s=0
+                )
+                span.set_attribute("messaging.batch.message_count", len(jobs))
             if jobs:
                 job = jobs[0]
                 log.warning(
@@ -179,7 +181,11 @@ class Producer(WorkerLoop):
             # No retries inside the store: `sent` must be the send time of the claim
             # that succeeded (the trust window counts from it). The run loop backs
             # off and claims again on DatabaseUnavailable.
-            jobs = await self._store.job_claim(self._claim_params(queue, free, ttl_ms), retry_s=0)
+            with tracing.span("deadman claim", _claiming(queue, free)) as span:
+                jobs = await self._store.job_claim(
+                    self._claim_params(queue, free, ttl_ms), retry_s=0
+                )
+                span.set_attribute("messaging.batch.message_count", len(jobs))
             self.claims += 1
             if jobs:
                 metrics.JOBS_CLAIMED.labels(queue).inc(len(jobs))
@@ -213,3 +219,15 @@ class Producer(WorkerLoop):
         finally:
             waiter.cancel()
             stopper.cancel()
+
+
+def _claiming(queue: str, limit: int, *, quarantined: bool = False) -> dict[str, str | int]:
+    """A claim span's attributes (deadman.tracing.span): the queue and how many jobs
+    it asks for; ``messaging.batch.message_count`` is set to how many it got."""
+    return {
+        "messaging.system": "deadman",
+        "messaging.operation.type": "receive",
+        "messaging.destination.name": queue,
+        "deadman.claim.limit": limit,
+        "deadman.claim.quarantined": quarantined,
+    }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -730,3 +731,136 @@ def test_any_json_payload_is_stored_or_refused_with_a_4xx(sweep: _Sweep) -> None
         )
 
     run()
+
+
+# ------------------------------------------------------------- trace context headers
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+#: traceparent headers W3C says to ignore: each job is created (201) without a context
+BAD_TRACEPARENTS: list[str | bytes] = [
+    "garbage",
+    TRACEPARENT.upper(),
+    TRACEPARENT[:-1],
+    TRACEPARENT + "-extra",
+    "ff" + TRACEPARENT[2:],
+    "00-" + "0" * 32 + TRACEPARENT[35:],
+    TRACEPARENT[:36] + "0" * 16 + "-01",
+    TRACEPARENT.replace("-", "_"),
+    "cc" + TRACEPARENT[2:] + "-" + "x" * 600,  # a later version, but over TRACEPARENT_MAX
+    "x" * 8000,
+    b"00-\xc2\xb2" + TRACEPARENT[5:].encode(),
+    b"\xff\xfe" * 40,
+    TRACEPARENT[:-2].encode() + "\u00b2\u00b2".encode(),  # '²²' as UTF-8
+    "%00" + TRACEPARENT,
+    "'; DROP TABLE deadman.jobs; --",
+]
+#: tracestate headers dropped whole beside a valid traceparent (which stays)
+BAD_TRACESTATES: list[str | bytes] = [
+    "a=1,a=2",
+    "A=1",
+    "a=",
+    "=1",
+    "a=1," * 33,
+    "a=" + "x" * 300,
+    ",".join(f"k{i}={'v' * 40}" for i in range(20)),
+    b"a=\xff",
+    "x" * 8000,
+]
+
+
+def _header(name: str, value: str | bytes) -> tuple[bytes, bytes]:
+    return name.encode(), value if isinstance(value, bytes) else value.encode()
+
+
+def _trace_contexts(dsn: str) -> list[Any]:
+    with connect(dsn) as conn:
+        rows = conn.execute("SELECT trace_context FROM deadman.jobs ORDER BY id").fetchall()
+    return [r["trace_context"] for r in rows]
+
+
+def test_a_malformed_traceparent_is_ignored_not_refused(db_dsn: str) -> None:
+    """W3C: a traceparent that does not parse restarts the trace. The job is created
+    as if the header were absent, on both creating routes; so is one sent twice, and a
+    tracestate without a valid traceparent."""
+    cases = [[_header("traceparent", v)] for v in BAD_TRACEPARENTS]
+    cases += [
+        [_header("traceparent", TRACEPARENT), _header("traceparent", TRACEPARENT)],
+        [_header("tracestate", "a=1")],
+        [_header("traceparent", "garbage"), _header("tracestate", "a=1")],
+    ]
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        for headers in cases:
+            one = c.post("/jobs", json=new_job(), headers=headers)
+            batch = c.post("/jobs/batch", json={"jobs": [new_job()]}, headers=headers)
+            assert (one.status_code, batch.status_code) == (201, 201), (headers, one.text)
+            assert one.json()["trace_context"] is None, headers
+            assert batch.json()["jobs"][0]["trace_context"] is None, headers
+    assert _trace_contexts(db_dsn) == [None] * (2 * len(cases))
+
+
+def test_a_malformed_tracestate_is_dropped_and_the_traceparent_kept(db_dsn: str) -> None:
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        for state in BAD_TRACESTATES:
+            headers = [_header("traceparent", TRACEPARENT), _header("tracestate", state)]
+            r = c.post("/jobs", json=new_job(), headers=headers)
+            assert r.status_code == 201, (state, r.text)
+            assert r.json()["trace_context"] == {"traceparent": TRACEPARENT}, state
+    assert _trace_contexts(db_dsn) == [{"traceparent": TRACEPARENT}] * len(BAD_TRACESTATES)
+
+
+def test_a_replay_from_another_trace_is_still_a_replay(db_dsn: str) -> None:
+    """The trace context is not part of the request: the same key and body sent from
+    another trace (or none) is the same job, which keeps the context it was made in."""
+    key = {"Idempotency-Key": "traced"}
+    other = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        first = c.post("/jobs", json=new_job(), headers={**key, "traceparent": TRACEPARENT})
+        again = c.post("/jobs", json=new_job(), headers={**key, "traceparent": other})
+        bare = c.post("/jobs", json=new_job(), headers=key)
+    assert first.status_code == 201 and (again.status_code, bare.status_code) == (200, 200)
+    assert again.json() == bare.json() == first.json()
+    assert first.json()["trace_context"] == {"traceparent": TRACEPARENT}
+
+
+_VALID_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+#: what a client library can put in a header value: no controls but tab, no edge spaces
+_HEADER_BYTES = st.binary(max_size=700).map(
+    lambda b: bytes(c for c in b if c == 9 or (c >= 0x20 and c != 0x7F)).strip(b" \t")
+)
+
+
+def _mutated(text: str) -> st.SearchStrategy[bytes]:
+    """``text`` with one character replaced by any byte a header may hold."""
+    return st.builds(
+        lambda i, c: (text[:i] + chr(c) + text[i + 1 :]).encode("latin-1").strip(b" \t"),
+        st.integers(0, len(text) - 1),
+        st.integers(0x20, 0xFF).filter(lambda c: c != 0x7F),
+    )
+
+
+def test_any_trace_header_is_stored_checked_or_not_at_all(db_dsn: str) -> None:
+    """Hypothesis: any traceparent and tracestate bytes, random or one byte off a valid
+    header, give a 201; what is stored is a well-formed context within its bounds, or
+    nothing."""
+    seen: list[bool] = []
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+
+        @given(
+            parent=_HEADER_BYTES | _mutated(TRACEPARENT),
+            state=st.none() | _HEADER_BYTES | _mutated("rojo=00f067aa0ba902b7,congo=t61rc"),
+        )
+        @settings(max_examples=150, deadline=None, database=None, derandomize=True)
+        def run(parent: bytes, state: bytes | None) -> None:
+            headers = [_header("traceparent", parent)]
+            headers += [] if state is None else [_header("tracestate", state)]
+            r = c.post("/jobs", json=new_job(), headers=headers)
+            assert r.status_code == 201, r.text
+            stored = r.json()["trace_context"]
+            seen.append(stored is not None)
+            if stored is not None:
+                assert _VALID_TRACEPARENT.fullmatch(stored["traceparent"]), stored
+                assert set(stored) <= {"traceparent", "tracestate"}
+                assert len(stored.get("tracestate", "")) <= 512
+
+        run()
+    assert True in seen and False in seen, "the examples never stored a context, or always"

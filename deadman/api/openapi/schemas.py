@@ -20,6 +20,10 @@ from deadman.api.problems import KINDS, TYPE_PREFIX
 from deadman.bounds import ID_PATTERN
 from deadman.model import AttemptOutcome
 from deadman.spec import BatchSpec, JobSpec, LimitSpec, ScheduleSpec, WorkflowSpec
+from deadman.tracing import TRACESTATE_MAX
+
+#: what deadman.tracing.carrier stores (a later version is stored as version 00)
+TRACEPARENT_PATTERN = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 
 
 def _list_of(key: str, item: str) -> dict[str, Any]:
@@ -170,6 +174,7 @@ def _schemas() -> dict[str, Any]:
                 "deadline": _DATETIME_OR_NULL,
                 "heartbeat_timeout_ms": {"type": ["integer", "null"], "minimum": 1},
                 "limit_key": {"type": ["string", "null"]},
+                "trace_context": {"anyOf": [{"type": "null"}, _ref("TraceContext")]},
             },
             "required": [
                 "id",
@@ -194,7 +199,21 @@ def _schemas() -> dict[str, Any]:
                 "deadline",
                 "heartbeat_timeout_ms",
                 "limit_key",
+                "trace_context",
             ],
+            "additionalProperties": False,
+        },
+        "TraceContext": {
+            "type": "object",
+            "description": "The W3C trace context the job was enqueued in: the "
+            "`traceparent` (and `tracestate`) headers of `POST /jobs` or `/jobs/batch`, "
+            "or the current span of a Python client. A malformed `traceparent` is "
+            "ignored, not refused; the worker's span for each attempt links to it.",
+            "properties": {
+                "traceparent": {"type": "string", "pattern": TRACEPARENT_PATTERN},
+                "tracestate": {"type": "string", "maxLength": TRACESTATE_MAX},
+            },
+            "required": ["traceparent"],
             "additionalProperties": False,
         },
         "JobPage": {
