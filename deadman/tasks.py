@@ -148,6 +148,8 @@ class _Signature:
     params: tuple[tuple[str, str, bool], ...]  # (name, field, positional-only)
     context: bool
     result: TypeAdapter[Any] | None
+    #: the annotation says a value (not None): ``ctx.result`` is encoded by it too
+    value: bool = False
 
     @classmethod
     def of(cls, fn: Callable[..., Any], task: str) -> _Signature:
@@ -181,7 +183,8 @@ class _Signature:
             result = None if returns is inspect.Signature.empty else TypeAdapter(returns)
         except PydanticSchemaGenerationError as exc:
             raise ConfigError(f"{task}: a parameter or the result cannot be JSON: {exc}") from None
-        return cls(model, tuple(params), context, result)
+        value = returns not in (inspect.Signature.empty, None, type(None))
+        return cls(model, tuple(params), context, result, value)
 
 
 class _Sends(Generic[P]):
@@ -312,6 +315,8 @@ class Task(_Sends[P], Generic[P, R]):
 
     def _call(self, job: Job, ctx: JobContext) -> Any:
         args, kwargs = self.decode(job.payload)
+        if self.signature.value and ctx is not None:  # (None: unit tests)
+            ctx.encode_result = self._result  # ctx.result, set in ctx.transaction()
         return self.fn(*([ctx] if self.signature.context else []), *args, **kwargs)
 
     def _result(self, value: Any) -> Any:

@@ -55,6 +55,9 @@ class JobContext:
         #: can drop a repeated request: execution here is at-least-once.
         self.idempotency_key = job.idempotency_key or f"deadman-job-{job.id}"
         self.result: Any = None
+        #: how ``result`` becomes JSON when ctx.transaction() stores it: a typed task
+        #: sets its return annotation's encoder, so a model may be assigned as it is
+        self.encode_result: Callable[[Any], Any] | None = None
         self._store = store
         self._pool = pool
         self._sync_store = sync_store
@@ -141,7 +144,7 @@ class JobContext:
             self.lease_token,
             JobState.SUCCEEDED,
             AttemptOutcome.SUCCEEDED,
-            result=self.result,
+            result=self.result if self.encode_result is None else self.encode_result(self.result),
         )
 
     def _claim_tx(self) -> None:

@@ -8,6 +8,8 @@ sides, as it is for an application and its workers.
 - ``total`` (async, on the loop): a pydantic argument with a Decimal and a datetime.
 - ``whoami`` (sync): the attempt's JobContext as its first parameter.
 - ``pay`` (async): writes its effect in ``ctx.transaction()``, the result set there.
+- ``receipt`` (async): ``ctx.result`` set to a pydantic model in ``ctx.transaction()``,
+  stored through its return annotation.
 - ``liar``: returns what its annotation does not allow (the attempt fails).
 - ``nap`` (async): sleeps ``ms`` milliseconds, for a wait that really waits.
 """
@@ -77,6 +79,17 @@ async def pay(ctx: JobContext, amount: int) -> None:
             (ctx.job_id, ctx.lease_token),
         )
         ctx.result = {"paid": amount}
+
+
+@registry.task(queue="tasks", type="tasks.receipt")
+async def receipt(ctx: JobContext, amount: int) -> Greeting:
+    async with ctx.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO deadman.effects (job_id, lease_token) VALUES (%s, %s)",
+            (ctx.job_id, ctx.lease_token),
+        )
+        ctx.result = Greeting(text=f"paid {amount}", length=amount)
+    return ctx.result  # type: ignore[no-any-return]  # what was stored: the same model
 
 
 @registry.task(queue="tasks", type="tasks.liar", max_attempts=1)

@@ -21,7 +21,18 @@ from deadman import AsyncClient, Client, JobState
 from deadman.model import Job
 from deadman.waiting import Waiter
 from tests.acceptance import tasks_app
-from tests.acceptance.tasks_app import Line, Order, Person, greet, liar, nap, pay, total, whoami
+from tests.acceptance.tasks_app import (
+    Line,
+    Order,
+    Person,
+    greet,
+    liar,
+    nap,
+    pay,
+    receipt,
+    total,
+    whoami,
+)
 from tests.helpers.processes import SpawnWorker, attempts_of, sql_value, wait_registered
 
 APP = "tests.acceptance.tasks_app:registry"
@@ -55,6 +66,7 @@ def test_typed_tasks_run_in_a_worker_process(db_dsn: str, spawn_worker: SpawnWor
             "total": asyncio.run(enqueue_async()),
             "whoami": whoami.options(priority=5).enqueue(client, tag="t1"),
             "pay": pay.options(idempotency_key="pay-1").enqueue(client, amount=5),
+            "receipt": receipt.enqueue(client, amount=7),
             "liar": liar.enqueue(client, 3),
             # a payload sent by hand that the task cannot decode
             "bad": client.enqueue(
@@ -75,6 +87,7 @@ def test_typed_tasks_run_in_a_worker_process(db_dsn: str, spawn_worker: SpawnWor
         "total": JobState.SUCCEEDED,
         "whoami": JobState.SUCCEEDED,
         "pay": JobState.SUCCEEDED,
+        "receipt": JobState.SUCCEEDED,
         "liar": JobState.DEAD,
         "bad": JobState.DEAD,
     }
@@ -82,6 +95,7 @@ def test_typed_tasks_run_in_a_worker_process(db_dsn: str, spawn_worker: SpawnWor
     assert done["total"].result == {"order": "12", "total": "12.50", "day": "2031-05-06"}
     assert done["whoami"].result == {"job_id": sent["whoami"].id, "attempt": 1, "tag": "t1"}
     assert done["pay"].result == {"paid": 5}
+    assert done["receipt"].result == {"text": "paid 7", "length": 7}  # a model, encoded
     effects = sql_value(
         db_dsn, "SELECT count(*) FROM deadman.effects WHERE job_id = %s", (sent["pay"].id,)
     )
@@ -96,7 +110,15 @@ def test_typed_tasks_run_in_a_worker_process(db_dsn: str, spawn_worker: SpawnWor
     assert [a["outcome"] for a in attempts_of(db_dsn, sent["bad"].id)] == ["failed"]
     assert sent["whoami"].priority == 5 and sent["total"].max_attempts == 2
     assert tasks_app.registry.types() == sorted(
-        [greet.type, total.type, "tasks.whoami", "tasks.pay", "tasks.liar", "tasks.nap"]
+        [
+            greet.type,
+            total.type,
+            "tasks.whoami",
+            "tasks.pay",
+            "tasks.receipt",
+            "tasks.liar",
+            "tasks.nap",
+        ]
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import Enum
+from types import SimpleNamespace
 from typing import Any, Literal, Unpack
 
 import pytest
@@ -160,8 +161,9 @@ def test_the_worker_decodes_calls_and_encodes_the_result() -> None:
 
 def test_a_context_parameter_is_passed_and_not_sent() -> None:
     assert with_ctx.encode(3) == {"n": 3, "label": "x"}
-    ctx = object()  # what the worker passes: the attempt's JobContext
-    assert run(with_ctx, {"n": 3, "label": "y"}, ctx) == {"n": 3, "label": "y", "ctx": "object"}
+    ctx = SimpleNamespace()  # what the worker passes: the attempt's JobContext
+    expected = {"n": 3, "label": "y", "ctx": "SimpleNamespace"}
+    assert run(with_ctx, {"n": 3, "label": "y"}, ctx) == expected
     assert registry.get("test.ctx") is not None and registry.get("test.ctx").is_async  # type: ignore[union-attr]
 
 
