@@ -15,14 +15,15 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
 from bench.common import (
     PY,
+    SENDER_THREADS,
     Send,
     clean_dir,
     cpu_per_job_us,
@@ -261,36 +262,42 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _sync_sender(dsn: str) -> contextlib.AbstractAsyncContextManager[Send]:
-    """Sends with ``Client.enqueue``: the call blocks the sender thread's loop, which
-    has nothing else to do (each thread sends its share one after another)."""
+# Which client submits: Client.enqueue, AsyncClient.enqueue, or both taking turns.
+Clients = Literal["sync", "async", "paired"]
+
+
+def _async_turn(clients: Clients, i: int) -> bool:
+    """Whether job i is sent with AsyncClient. 'paired' alternates within each sender
+    thread (whose sends are i = k, k + SENDER_THREADS, ...), so both clients meet the
+    same moments of a shared machine and their figures can be compared run by run."""
+    if clients == "paired":
+        return (i // SENDER_THREADS) % 2 == 1
+    return clients == "async"
+
+
+def _sender(dsn: str, clients: Clients) -> contextlib.AbstractAsyncContextManager[Send]:
+    """One Client and one AsyncClient per sender thread, like the peers' connections
+    (an AsyncClient's pool belongs to its thread's loop); only those used connect.
+    ``Client.enqueue`` blocks the thread's loop, which has nothing else to do."""
 
     @contextlib.asynccontextmanager
     async def sender() -> AsyncIterator[Send]:
-        with Client(dsn) as client:  # one per sender thread, like the peers
-            client.get(0)  # connect before the clock starts
+        with Client(dsn) as client:
+            async with AsyncClient(dsn) as aclient:
+                # connect before the clock starts
+                if clients != "async":
+                    client.get(0)
+                if clients != "sync":
+                    await aclient.get(0)
 
-            async def send(i: int, intended: float) -> None:
-                client.enqueue("bench_mark", {"i": i, "t": intended})
+                async def send(i: int, intended: float) -> None:
+                    payload = {"i": i, "t": intended}
+                    if _async_turn(clients, i):
+                        await aclient.enqueue("bench_mark", payload)
+                    else:
+                        client.enqueue("bench_mark", payload)
 
-            yield send
-
-    return sender()
-
-
-def _async_sender(dsn: str) -> contextlib.AbstractAsyncContextManager[Send]:
-    """Sends with ``await AsyncClient.enqueue``, on the sender thread's event loop."""
-
-    @contextlib.asynccontextmanager
-    async def sender() -> AsyncIterator[Send]:
-        # One per sender thread: its pool belongs to that thread's loop.
-        async with AsyncClient(dsn) as aclient:
-            await aclient.get(0)  # connect before the clock starts
-
-            async def send(i: int, intended: float) -> None:
-                await aclient.enqueue("bench_mark", {"i": i, "t": intended})
-
-            yield send
+                yield send
 
     return sender()
 
@@ -301,30 +308,55 @@ def latency(
     seconds: float,
     markdir: Path,
     logdir: Path,
-    asynchronous: bool = False,
+    clients: Clients = "sync",
 ) -> dict[str, Any]:
-    """Open-loop single-job submissions to one default worker: ``Client.enqueue``, or
-    with ``asynchronous`` ``AsyncClient.enqueue``; the same schedule and harness."""
+    """Open-loop single-job submissions to one default worker, with ``clients``; the
+    same schedule and harness for each. A 'paired' run is summarized per client, as
+    ``{"parts": {"sync": ..., "async": ...}}``."""
     truncate(dsn)
     clean_dir(markdir)
-    log = logdir / f"deadman-latency{'-async' if asynchronous else ''}.log"
+    log = logdir / f"deadman-latency-{clients}.log"
     proc = _worker(dsn, 1, 10, log, {"BENCH_MARK_DIR": str(markdir)})
     n = round(rate * seconds)
-    make_sender = _async_sender if asynchronous else _sync_sender
     try:
         _wait_workers(dsn, 1)
         time.sleep(0.5)
-        sent = open_loop(lambda: make_sender(dsn), rate, seconds)
+        sent = open_loop(lambda: _sender(dsn, clients), rate, seconds)
         wait_for(lambda: len(read_marks(markdir)) >= n, 60, "deadman latency jobs", 0.1)
         time.sleep(0.5)  # a doubled execution would show up now
         done_q = "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded'"
         wait_for(lambda: _count(dsn, done_q) >= n, 30, "deadman latency completions", 0.1)
     finally:
         stop(proc)
-    out = latency_summary(read_marks(markdir), n, sent)
-    out["sender"] = sent
-    out["verify"] = verify(dsn, n)
-    out["ok"] = out["ok"] and out["verify"]["ok"]
+    checked = verify(dsn, n)
+    marks = read_marks(markdir)
+    if clients != "paired":
+        return _summary(marks, range(n), sent, checked)
+    parts = {
+        part: _summary(
+            [m for m in marks if _async_turn(clients, m[0]) == is_async],
+            [i for i in range(n) if _async_turn(clients, i) == is_async],
+            sent,
+            checked,
+        )
+        for part, is_async in (("sync", False), ("async", True))
+    }
+    return {"parts": parts}
+
+
+def _summary(
+    marks: list[tuple[int, float, float]],
+    ids: Sequence[int],
+    sent: dict[str, Any],
+    checked: dict[str, Any],
+) -> dict[str, Any]:
+    """latency_summary of the jobs ``ids`` (all of a run, or one client's turns)."""
+    raw = {key: {i: sent[key][i] for i in ids} for key in ("ack_at", "call_s")}
+    figures = {k: v for k, v in sent.items() if k not in raw}
+    out = latency_summary(marks, len(ids), {**figures, **raw})
+    out["sender"] = figures
+    out["verify"] = checked
+    out["ok"] = out["ok"] and checked["ok"]
     return out
 
 

@@ -358,8 +358,28 @@ def _burn_row(w: Any, head: str, r: dict[str, Any], best_peer: float | None) -> 
     )
 
 
-LATENCY_SYSTEMS = ("deadman", "deadman_async", *PEERS)
-LATENCY_LABELS = {"deadman_async": "deadman (async client)"}
+LATENCY_SYSTEMS = (
+    "deadman",
+    "deadman_async",
+    "deadman_paired_sync",
+    "deadman_paired_async",
+    *PEERS,
+)
+LATENCY_LABELS = {
+    "deadman_async": "deadman (async client)",
+    "deadman_paired_sync": "deadman, in turns: sync client",
+    "deadman_paired_async": "deadman, in turns: async client",
+}
+# The runs a row came from, where two rows share them (for the CPU figures).
+LATENCY_RUNS = {
+    "deadman_paired_sync": "deadman, in turns",
+    "deadman_paired_async": "deadman, in turns",
+}
+# AsyncClient.enqueue against Client.enqueue: (how, sync row, async row).
+ASYNC_VS_SYNC = (
+    ("in turns within the same runs", "deadman_paired_sync", "deadman_paired_async"),
+    ("in runs of their own", "deadman", "deadman_async"),
+)
 # The split of the total, one column each: (heading, key prefix). A column shows the
 # percentiles the rows have (runs before the enqueue call was timed have no such
 # column, and their enqueue ack no p99.9).
@@ -418,14 +438,20 @@ def _latency_table(lat: dict[str, Any], w: Any) -> None:
 
 
 def _sender_lateness(lat: dict[str, Any], w: Any) -> None:
-    lags = [
-        f"{LATENCY_LABELS.get(name, name)} p50 {_f(snd.get('send_lag_p50_ms'), 3)} / p99 "
-        f"{_f(snd.get('send_lag_p99_ms'), 3)} / max {_f(snd.get('max_send_lag_ms'), 2)} ms"
+    lags = {  # once per run: two rows of one paired run share their senders
+        LATENCY_RUNS.get(name, LATENCY_LABELS.get(name, name)): (
+            f"p50 {_f(snd.get('send_lag_p50_ms'), 3)} / p99 {_f(snd.get('send_lag_p99_ms'), 3)}"
+            f" / max {_f(snd.get('max_send_lag_ms'), 2)} ms"
+        )
         for name in LATENCY_SYSTEMS
         if (snd := lat.get(name, {}).get("sender")) and "send_lag_p50_ms" in snd
-    ]
+    }
     if lags:
-        w("Sender lateness (actual send minus intended send): " + "; ".join(lags) + ".\n")
+        w(
+            "Sender lateness (actual send minus intended send): "
+            + "; ".join(f"{run} {lag}" for run, lag in lags.items())
+            + ".\n"
+        )
 
 
 def _latency(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -> None:
@@ -468,18 +494,50 @@ def _latency_runs(w: Any, md_path: Path) -> None:
     w(
         "From `python -m bench.run --only latency` (full mode), not from the run above: "
         "the latency phase alone on its own private durable cluster, the method above, "
-        "with one more row: Deadman submitting with `await AsyncClient.enqueue` (issue 15 "
-        "asks that it not be slower than the sync client). It runs in the same harness as "
-        "the sync row: the same schedule, the same 4 sender threads, each with its own "
-        "event loop and its own `AsyncClient` (so its own pool), and the same worker; its "
-        "runs are interleaved with the others (Deadman with `Client.enqueue`, Deadman with "
-        "`AsyncClient.enqueue`, pgqueuer, procrastinate, Deadman, ...). 'enqueue call' is "
-        "the call's own duration, from the moment it is made to its return "
-        "(`time.perf_counter`), for every system; its percentiles are medians over the "
-        "runs, like the total's.\n"
+        "with Deadman measured three ways (issue 15 asks that `AsyncClient.enqueue` not "
+        "be slower than the sync client): with `Client.enqueue` as above; with `await "
+        "AsyncClient.enqueue` in the same harness (the same schedule, the same 4 sender "
+        "threads, each with its own event loop and its own `AsyncClient`, so its own pool; "
+        "the same worker); and with both in turns, each sender thread alternating "
+        "between its `Client` and its `AsyncClient` send by send, so the two clients meet "
+        "the same moments of a shared machine and can be compared run by run (a row for "
+        "each client's turns). The runs are interleaved (Deadman sync, async, in turns, "
+        "pgqueuer, procrastinate, Deadman sync, ...). 'enqueue call' is the call's own "
+        "duration, from the moment it is made to its return (`time.perf_counter`), for "
+        "every system; its percentiles are medians over the runs, like the total's.\n"
     )
     for path, data in results:
         _latency_run(w, path, data, md_path)
+
+
+def _async_vs_sync(lat: dict[str, Any], w: Any) -> None:
+    """Issue 15 asks that AsyncClient.enqueue not be slower than Client.enqueue: the
+    ratios of the call's time (and of the total), medians and run by run."""
+    lines = []
+    for how, sync_name, async_name in ASYNC_VS_SYNC:
+        sync, asyn = lat.get(sync_name, {}), lat.get(async_name, {})
+        if not (sync.get("ok") and asyn.get("ok") and "enqueue_call_p50_ms" in sync):
+            continue
+        calls = ", ".join(
+            f"{label} {_f(asyn[k], 2)} / {_f(sync[k], 2)} ms = {_ratio(asyn[k], sync[k])}"
+            for label, k in ((label, f"enqueue_call_{key}_ms") for label, key in PCTS)
+        )
+        per_run = ", ".join(
+            f"{_ratio(a['enqueue_call_p50_ms'], b['enqueue_call_p50_ms'])} / "
+            f"{_ratio(a['enqueue_call_p99_ms'], b['enqueue_call_p99_ms'])}"
+            for a, b in zip(asyn.get("reps", []), sync.get("reps", []), strict=False)
+        )
+        totals = ", ".join(
+            f"{label} {_ratio(asyn[k], sync[k])}"
+            for label, k in (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p999_ms"))
+        )
+        lines.append(
+            f"- {how}: the call {calls}; run by run (p50 / p99): {per_run}; the total "
+            f"(intended send → handler start): {totals}."
+        )
+    if lines:
+        w("AsyncClient.enqueue ÷ Client.enqueue (below 1: the async client is faster):\n")
+        w("\n".join(lines) + "\n")
 
 
 def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> None:
@@ -490,25 +548,7 @@ def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> Non
     )
     _latency_table(lat, w)
     w("")
-    sync, asyn = lat.get("deadman", {}), lat.get("deadman_async", {})
-    if sync.get("ok") and asyn.get("ok") and "enqueue_call_p50_ms" in sync:
-        ratios = ", ".join(
-            f"{label} {_f(asyn[k], 2)} / {_f(sync[k], 2)} ms = {_ratio(asyn[k], sync[k])}"
-            for label, k in ((f"call {label}", f"enqueue_call_{key}_ms") for label, key in PCTS)
-        )
-        per_run = "; ".join(
-            f"{_f(a['enqueue_call_p50_ms'], 2)} / {_f(b['enqueue_call_p50_ms'], 2)}"
-            for a, b in zip(asyn.get("reps", []), sync.get("reps", []), strict=False)
-        )
-        totals = ", ".join(
-            f"{label} {_ratio(asyn[k], sync[k])}"
-            for label, k in (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p999_ms"))
-        )
-        w(
-            f"AsyncClient.enqueue ÷ Client.enqueue (lower is better): {ratios}; the call's "
-            f"p50 run by run (async / sync, in the order they ran): {per_run}. The total "
-            f"(intended send → handler start): {totals}.\n"
-        )
+    _async_vs_sync(lat, w)
     _sender_lateness(lat, w)
     m, v = data["machine"], data.get("versions", {})
     cp = m.get("commit_probe")
@@ -519,7 +559,7 @@ def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> Non
     )
     # Cores used meanwhile (bench.common.cpu_share), each run in the order they ran.
     shares = {
-        LATENCY_LABELS.get(name, name): [x["cpu_cores"] for x in r["reps"]]
+        LATENCY_RUNS.get(name, LATENCY_LABELS.get(name, name)): [x["cpu_cores"] for x in r["reps"]]
         for name, r in lat.items()
         if r.get("reps") and all("others" in x.get("cpu_cores", {}) for x in r["reps"])
     }

@@ -272,42 +272,64 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
     return out
 
 
+_DEADMAN_WORKER = "1 worker process, concurrency 10 (default)"
 LATENCY_SETTINGS = {
-    "deadman": "1 worker process, concurrency 10 (default), Client.enqueue",
-    "deadman_async": "1 worker process, concurrency 10 (default), AsyncClient.enqueue",
+    "deadman": f"{_DEADMAN_WORKER}, Client.enqueue",
+    "deadman_async": f"{_DEADMAN_WORKER}, AsyncClient.enqueue",
+    "deadman_paired_sync": f"{_DEADMAN_WORKER}, Client.enqueue (its turns of a paired run)",
+    "deadman_paired_async": f"{_DEADMAN_WORKER}, AsyncClient.enqueue (its turns of a paired run)",
     "pgqueuer": "1 QueueManager, batch_size 10 (default), Queries.enqueue",
     "procrastinate": "1 worker, concurrency 10, Task.defer_async",
 }
 
+PAIRED = {"deadman_paired": ("sync", "async")}  # runs that give one row per client
+
 
 def latency(plan: Plan, dsns: dict[str, str], work: Path, logdir: Path) -> dict[str, Any]:
-    """``plan.reps`` runs per system, interleaved (D, DA, P, R, D, DA, P, R, ...; DA:
-    Deadman submitting with AsyncClient), each after the cluster has settled;
-    percentiles are the medians over the runs. Each run records the cores the
-    machine, the run and others used meanwhile: on a shared box, what others took."""
+    """``plan.reps`` runs per system, interleaved (D, DA, DP, P, R, D, DA, ...; DA:
+    Deadman submitting with AsyncClient, DP: with both, in turns), each after the
+    cluster has settled; percentiles are the medians over the runs. A paired run
+    gives a row per client ('deadman_paired_sync', 'deadman_paired_async'). Each run
+    records the cores the machine, the run and others used meanwhile: on a shared
+    box, what others took."""
     marks, ready = work / "marks", work / "ready"
-    runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "deadman": lambda: dm.latency(dsns["deadman"], plan.rate, plan.latency_s, marks, logdir),
-        "deadman_async": lambda: dm.latency(
-            dsns["deadman"], plan.rate, plan.latency_s, marks, logdir, asynchronous=True
+
+    def deadman(clients: dm.Clients) -> Callable[[], dict[str, Any]]:
+        return lambda: dm.latency(
+            dsns["deadman"], plan.rate, plan.latency_s, marks, logdir, clients
+        )
+
+    runners: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+        "deadman": ("deadman", deadman("sync")),
+        "deadman_async": ("deadman", deadman("async")),
+        "deadman_paired": ("deadman", deadman("paired")),
+        "pgqueuer": (
+            "pgqueuer",
+            lambda: pgq.latency(dsns["pgqueuer"], plan.rate, plan.latency_s, marks, logdir, ready),
         ),
-        "pgqueuer": lambda: pgq.latency(
-            dsns["pgqueuer"], plan.rate, plan.latency_s, marks, logdir, ready
-        ),
-        "procrastinate": lambda: pro.latency(
-            dsns["procrastinate"], plan.rate, plan.latency_s, marks, logdir, ready
+        "procrastinate": (
+            "procrastinate",
+            lambda: pro.latency(
+                dsns["procrastinate"], plan.rate, plan.latency_s, marks, logdir, ready
+            ),
         ),
     }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+    runs: dict[str, list[dict[str, Any]]] = {}
     for rep in range(plan.reps):
-        for name, run in runners.items():
-            quiet = settle(dsns[name.removesuffix("_async")])  # one Deadman database
+        for name, (database, run) in runners.items():
+            quiet = settle(dsns[database])
             cpu0, t0 = share_snapshot(), time.time()
             r = guarded(f"{name} latency", run)
-            r["cpu_cores"] = cpu_share(cpu0, time.time() - t0)
-            r["settled"] = quiet
-            runs[name].append(r)
-            log(f"latency rep {rep + 1} {name}: {_latency_line(r)}")
+            cpu = cpu_share(cpu0, time.time() - t0)
+            # A paired run's rows, one per client; a failed run fails each of them.
+            if "parts" in r:
+                parts = {f"{name}_{k}": v for k, v in r["parts"].items()}
+            else:
+                parts = {f"{name}_{k}": r for k in PAIRED.get(name, ())} or {name: r}
+            for part, pr in parts.items():
+                row = {**pr, "cpu_cores": cpu, "settled": quiet}
+                runs.setdefault(part, []).append(row)
+                log(f"latency rep {rep + 1} {part}: {_latency_line(row)}")
     out = {name: _median_latency(rs) for name, rs in runs.items()}
     for name, r in out.items():
         r["setting"] = LATENCY_SETTINGS[name]
