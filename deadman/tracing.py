@@ -145,7 +145,8 @@ def current() -> dict[str, str] | None:
         return None
     found: dict[str, str] = {}
     _PROPAGATOR.inject(found)
-    return carrier([found["traceparent"]], [found["tracestate"]] if "tracestate" in found else ())
+    parents = [found["traceparent"]] if "traceparent" in found else []
+    return carrier(parents, [found["tracestate"]] if "tracestate" in found else ())
 
 
 class Noting(Protocol):

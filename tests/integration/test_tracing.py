@@ -276,6 +276,24 @@ def test_every_way_to_enqueue_from_python_carries_the_current_context(
     assert submitted.trace_context == task_job.trace_context == async_job.trace_context == want
 
 
+def test_the_current_tracestate_travels_with_the_traceparent(client: Client) -> None:
+    remote = trace.SpanContext(
+        int(TRACE_ID, 16),
+        int(SPAN_ID, 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(1),
+        trace_state=trace.TraceState([("rojo", "00f067aa0ba902b7"), ("congo", "t61rcWkgMzE")]),
+    )
+    upstream = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    with _tracer().start_as_current_span("handler", context=upstream) as span:
+        job = client.enqueue("noop")
+    assert job.trace_context == {
+        **_carrier_of(span),
+        "tracestate": "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE",
+    }
+    assert job.trace_context["traceparent"].startswith(f"00-{TRACE_ID}-")
+
+
 def test_http_traceparent_and_tracestate_travel_with_the_job(
     db_dsn: str, spans: InMemorySpanExporter
 ) -> None:
