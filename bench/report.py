@@ -589,10 +589,16 @@ def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> Non
     if data.get("code_start") != data.get("code_end"):
         w("> **Warning: the package changed on disk during this run** (editable install).\n")
     if others and sum(others) / len(others) > 0.2:
+        paired = {"deadman_paired_sync", "deadman_paired_async"} <= lat.keys()
         w(
             "> **This run shared the machine with other work** (the cores other processes "
-            "used, above): absolute figures are noisy; the rows were measured in "
-            "interleaved runs, so the ratios between them are the more trustworthy.\n"
+            "used, above, changed from run to run): absolute figures are noisy, and so are "
+            "ratios between rows from different runs, interleaved or not"
+            + (
+                "; the two in-turns rows share their runs, so their ratio is the one to read.\n"
+                if paired
+                else ".\n"
+            )
         )
 
 
