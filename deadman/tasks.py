@@ -316,7 +316,7 @@ class Task(_Sends[P], Generic[P, R]):
     def _call(self, job: Job, ctx: JobContext) -> Any:
         args, kwargs = self.decode(job.payload)
         if self.signature.value and ctx is not None:  # (None: unit tests)
-            ctx.encode_result = self._result  # ctx.result, set in ctx.transaction()
+            ctx.encode_result = self._ctx_result  # ctx.result, set in ctx.transaction()
         return self.fn(*([ctx] if self.signature.context else []), *args, **kwargs)
 
     def _result(self, value: Any) -> Any:
@@ -329,6 +329,20 @@ class Task(_Sends[P], Generic[P, R]):
             raise InvalidResult(
                 f"{self.type} returned what its annotation does not allow: {exc}"
             ) from None
+
+    def _ctx_result(self, value: Any) -> Any:
+        """``ctx.result`` as stored: None (not set) as it is; a value of the return
+        annotation (a model) or its JSON form (a dict) encoded through it."""
+        adapter = self.signature.result
+        if value is None or adapter is None:
+            return value
+        try:
+            value = adapter.validate_python(value)
+        except ValidationError as exc:
+            raise InvalidResult(
+                f"{self.type} set ctx.result to what its annotation does not allow: {exc}"
+            ) from None
+        return self._result(value)
 
     def _run_sync(self, job: Job, ctx: JobContext) -> Any:
         return self._result(self._call(job, ctx))
