@@ -43,6 +43,7 @@ JOB_FIELDS = {
     "deadline",
     "heartbeat_timeout_ms",
     "limit_key",
+    "trace_context",
 }
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 
