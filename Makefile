@@ -42,8 +42,10 @@ fmt: install ## Format and auto-fix lint
 	$(BIN)/ruff check --fix $(LINT_DIRS)
 
 # pytest exits 5 when it collects nothing; that fails the target like any failure.
+# Two pytest-xdist workers (DECISIONS 43), each with its own throwaway cluster.
+TEST_WORKERS ?= 2
 test: check browser-deps ## check, then the whole test suite
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 demo: install ## Start a private Postgres and run the demo
 	$(BIN)/deadman demo
