@@ -8,6 +8,8 @@ these routes only read and request.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -15,6 +17,7 @@ from starlette.routing import Route
 from deadman.api import idempotency, schema
 from deadman.api.limits import check_queue_depth
 from deadman.api.problems import Problem
+from deadman.api.routes_jobs import traced
 from deadman.api.serialize import workflow_json
 from deadman.api.state import api_state
 
@@ -25,6 +28,10 @@ async def create_workflow(request: Request) -> Response:
     state = api_state(request)
     key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
     wf = schema.parse_workflow(await schema.read_json(request), idempotency_key=key)
+    names = [n for n, _ in wf.nodes]  # every node carries the request's trace context
+    wf = replace(
+        wf, nodes=tuple(zip(names, traced(request, [j for _, j in wf.nodes]), strict=True))
+    )
     await check_queue_depth(
         state.store, state.settings.max_queue_depth, [j for _, j in wf.nodes], workflow_key=key
     )

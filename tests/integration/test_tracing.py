@@ -302,14 +302,22 @@ def test_http_traceparent_and_tracestate_travel_with_the_job(
         r = http.post("/jobs", json={"type": "tr.async"}, headers=headers)
         batch = http.post("/jobs/batch", json={"jobs": [{"type": "noop"}] * 2}, headers=headers)
         plain = http.post("/jobs", json={"type": "noop"})
+        wf = http.post(
+            "/workflows",
+            json={"name": "w", "nodes": [{"name": "a", "type": "noop"}], "edges": []},
+            headers=headers,
+        )
     assert r.status_code == 201 and batch.status_code == 201, (r.text, batch.text)
+    assert wf.status_code == 201, wf.text
     want = {"traceparent": TRACEPARENT, "tracestate": "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"}
     assert r.json()["trace_context"] == want
     assert [j["trace_context"] for j in batch.json()["jobs"]] == [want, want]
     assert plain.json()["trace_context"] is None
     job_id = int(r.json()["id"])
+    node = int(wf.json()["nodes"][0]["job_id"])
     with connect(db_dsn) as conn:
         assert job_row(conn, job_id)["trace_context"] == want
+        assert job_row(conn, node)["trace_context"] == want  # POST /workflows too
     with running_worker(db_dsn, handlers=registry):
         [run] = _runs(spans, job_id)
     _assert_linked(run, int(TRACE_ID, 16), int(SPAN_ID, 16))
