@@ -3,11 +3,15 @@ an advisory lock, recorded in ``deadman.schema_migrations``.
 
 Re-running is a no-op. A database that has a migration this code does not know
 (it is newer than the code) is refused: running old workers against a newer schema
-is how a fleet quietly loses jobs.
+is how a fleet quietly loses jobs. So is one whose applied migration is not the file
+this code has (its SHA-256 is recorded when it is applied): a migration edited after
+it ran leaves the database without what the code expects (a function the claim
+calls, say), and the workers would fail every claim instead of refusing to start.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +32,10 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
 def _migrations_dir() -> Traversable:
@@ -59,12 +67,17 @@ def latest_version() -> int:
 def migrate(dsn: str) -> list[int]:
     """Bring the database up to date. Returns the versions applied by this call."""
     migrations = available()
-    known = {m.version for m in migrations}
+    known = {m.version: m for m in migrations}
     applied_now: list[int] = []
     with _connect(dsn) as conn:
         with conn.transaction():
             conn.execute(QUERIES["migrations_lock"])
             conn.execute(QUERIES["migrations_prepare"])
+            for v in _applied(conn, known):  # applied before checksums: record the file
+                conn.execute(
+                    QUERIES["migrations_checksum_backfill"],
+                    {"version": v, "checksum": known[v].checksum},
+                )
         # Each migration in its own transaction, each re-taking the lock and
         # re-reading what is applied, so concurrent migrators apply each file once.
         for mig in migrations:
@@ -74,7 +87,8 @@ def migrate(dsn: str) -> list[int]:
                     continue
                 conn.execute(mig.sql.encode())
                 conn.execute(
-                    QUERIES["migrations_record"], {"version": mig.version, "name": mig.name}
+                    QUERIES["migrations_record"],
+                    {"version": mig.version, "name": mig.name, "checksum": mig.checksum},
                 )
                 applied_now.append(mig.version)
         if not migrations:
@@ -84,16 +98,29 @@ def migrate(dsn: str) -> list[int]:
     return applied_now
 
 
-def _applied(conn: psycopg.Connection[TupleRow], known: set[int]) -> set[int]:
+def _applied(conn: psycopg.Connection[TupleRow], known: dict[int, Migration]) -> set[int]:
     """The versions the database has applied; SchemaMismatch if one of them is not
-    known to this code (the database is newer than the code)."""
-    done = {int(r[0]) for r in conn.execute(QUERIES["migrations_applied"])}
-    unknown = sorted(done - known)
+    known to this code (the database is newer than the code), or was applied from
+    another file than this code's (its recorded checksum differs)."""
+    rows = conn.execute(QUERIES["migrations_applied"]).fetchall()
+    done = {int(str(r[0])) for r in rows}
+    unknown = sorted(done - set(known))
     if unknown:
         raise SchemaMismatch(
             f"the database has migrations {unknown} that this version of "
             f"Deadman does not know (it knows up to {max(known, default=0)}); "
             "upgrade Deadman instead of running old code against a newer schema"
+        )
+    changed = [
+        f"{int(str(version)):04d}_{name}"
+        for version, name, checksum in rows
+        if checksum is not None and checksum != known[int(str(version))].checksum
+    ]
+    if changed:
+        raise SchemaMismatch(
+            f"migrations {changed} were applied to this database from other files than "
+            "this version of Deadman has (their SHA-256 differs): a migration was edited "
+            "after it ran; restore the file, or rebuild the database"
         )
     return done
 
@@ -118,9 +145,12 @@ def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
 
 def check_current(dsn: str) -> None:
     """Raise :class:`SchemaMismatch` unless the database is exactly at our version."""
-    want = latest_version()
+    migrations = available()
+    want = migrations[-1].version if migrations else 0
     with _connect(dsn) as conn:
         have = current_version(conn)
+        if have is not None and have <= want:
+            _applied(conn, {m.version: m for m in migrations})  # an edited migration
     if have is None:
         raise SchemaMismatch("the database has no Deadman schema; run `deadman migrate`")
     if have < want:

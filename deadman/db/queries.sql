@@ -14,16 +14,25 @@ CREATE TABLE IF NOT EXISTS deadman.schema_migrations (
     name        text        NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
+-- the SHA-256 of the file as applied (NULL: applied before checksums were kept; the
+-- next migrate records the file as it is then)
+ALTER TABLE deadman.schema_migrations ADD COLUMN IF NOT EXISTS checksum text;
 
 -- name: migrations_lock
 -- Serialise concurrent `deadman migrate` runs (held to the end of the transaction).
 SELECT pg_advisory_xact_lock(716341, 1);
 
 -- name: migrations_applied
-SELECT version, name FROM deadman.schema_migrations ORDER BY version;
+SELECT version, name, checksum FROM deadman.schema_migrations ORDER BY version;
 
 -- name: migrations_record
-INSERT INTO deadman.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+INSERT INTO deadman.schema_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: migrations_checksum_backfill
+-- A migration applied before checksums were kept: trust the file as it is now.
+UPDATE deadman.schema_migrations SET checksum = %(checksum)s
+WHERE version = %(version)s AND checksum IS NULL;
 
 -- name: schema_migrations_exists
 -- False before the first `deadman migrate` (then schema_version_get would fail).

@@ -98,6 +98,43 @@ def test_a_newer_schema_is_refused(db_dsn: str) -> None:
     assert f"({known})" in str(excinfo.value)
 
 
+def test_each_applied_migration_records_its_files_checksum(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn) as conn:
+        rows = conn.execute(
+            "SELECT version, checksum FROM deadman.schema_migrations ORDER BY version"
+        ).fetchall()
+    assert rows == [(m.version, m.checksum) for m in available()]
+    assert all(len(str(c)) == 64 for _, c in rows)
+
+
+def test_a_migration_edited_after_it_ran_is_refused(db_dsn: str) -> None:
+    """What an edited file looks like to the database: another checksum recorded."""
+    victim = available()[-1]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE deadman.schema_migrations SET checksum = %s WHERE version = %s",
+            ("0" * 64, victim.version),
+        )
+    label = f"{victim.version:04d}_{victim.name}"
+    with pytest.raises(SchemaMismatch, match=f"{label}.*were applied .* from other files"):
+        migrate(db_dsn)
+    with pytest.raises(SchemaMismatch, match=f"{label}.*a migration was edited after it ran"):
+        check_current(db_dsn)  # a worker or API server refuses to start on it
+
+
+def test_a_migration_applied_before_checksums_is_trusted_once(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE deadman.schema_migrations SET checksum = NULL")
+    check_current(db_dsn)  # nothing recorded: nothing to compare
+    assert migrate(db_dsn) == []
+    with psycopg.connect(db_dsn) as conn:
+        missing = conn.execute(
+            "SELECT count(*) FROM deadman.schema_migrations WHERE checksum IS NULL"
+        ).fetchone()
+    assert missing == (0,)
+    check_current(db_dsn)
+
+
 def _with_extra(
     monkeypatch: pytest.MonkeyPatch, *extra: Migration
 ) -> Callable[[], list[Migration]]:
