@@ -71,25 +71,26 @@ def whoami(ctx: JobContext, tag: str) -> dict[str, object]:
     return {"job_id": ctx.job_id, "attempt": ctx.attempt, "tag": tag}
 
 
-@registry.task(queue="tasks", type="tasks.pay")
-async def pay(ctx: JobContext, amount: int) -> None:
+async def _pay(ctx: JobContext, result: object) -> None:
+    """The effect and the completion in one fenced transaction, ``result`` stored."""
     async with ctx.transaction() as conn:
         await conn.execute(
             "INSERT INTO deadman.effects (job_id, lease_token) VALUES (%s, %s)",
             (ctx.job_id, ctx.lease_token),
         )
-        ctx.result = {"paid": amount}
+        ctx.result = result
+
+
+@registry.task(queue="tasks", type="tasks.pay")
+async def pay(ctx: JobContext, amount: int) -> None:
+    await _pay(ctx, {"paid": amount})
 
 
 @registry.task(queue="tasks", type="tasks.receipt")
 async def receipt(ctx: JobContext, amount: int) -> Greeting:
-    async with ctx.transaction() as conn:
-        await conn.execute(
-            "INSERT INTO deadman.effects (job_id, lease_token) VALUES (%s, %s)",
-            (ctx.job_id, ctx.lease_token),
-        )
-        ctx.result = Greeting(text=f"paid {amount}", length=amount)
-    return ctx.result  # type: ignore[no-any-return]  # what was stored: the same model
+    stored = Greeting(text=f"paid {amount}", length=amount)
+    await _pay(ctx, stored)  # a model as ctx.result: encoded by the annotation
+    return stored
 
 
 @registry.task(queue="tasks", type="tasks.liar", max_attempts=1)
