@@ -212,13 +212,32 @@ SELECT EXISTS (
 ) AS pending;
 
 -- name: job_next_run_at
--- When the next not-yet-due job of a queue becomes due (lets an idle producer sleep
--- exactly until then instead of a whole poll interval).
-SELECT min(run_at) - now() AS wait
-FROM deadman.jobs
-WHERE queue = %(queue)s
-  AND state IN ('queued', 'scheduled', 'retrying')
-  AND run_at > now();
+-- When an idle producer should claim again, so that it sleeps exactly until then
+-- instead of a whole poll interval: the next not-yet-due job of the queue becomes due,
+-- or a rate token frees for a key with due jobs in the queue (the oldest start in its
+-- window leaves it at its stamp + per_ms). Not sooner than 50 ms: a token that freed
+-- between the empty claim and this look is taken then, and nothing spins on it. A key
+-- at its concurrency waits for a finish (and the poll), not for a token.
+SELECT LEAST(
+    (SELECT min(run_at) FROM deadman.jobs
+     WHERE queue = %(queue)s
+       AND state IN ('queued', 'scheduled', 'retrying')
+       AND run_at > now()),
+    (SELECT min(GREATEST(s.first + l.rate_per_ms::bigint * interval '1 millisecond',
+                         now() + interval '50 milliseconds'))  -- no key: NULL, no wake
+     FROM deadman.limits l
+     CROSS JOIN LATERAL (
+         SELECT min(at) AS first FROM deadman.limit_starts
+         WHERE key = l.key AND at > now() - l.rate_per_ms::bigint * interval '1 millisecond'
+     ) s
+     WHERE l.rate_count IS NOT NULL
+       AND s.first IS NOT NULL
+       AND (l.concurrency IS NULL OR deadman.limit_running(l.key) < l.concurrency)
+       AND EXISTS (SELECT 1 FROM deadman.jobs j
+                   WHERE j.queue = %(queue)s AND j.limit_key = l.key
+                     AND j.state IN ('queued', 'scheduled', 'retrying')
+                     AND j.run_at <= now()))
+) - now() AS wait;
 
 -- name: job_finish_many
 -- End many attempts in one statement: success, retry, dead, cancelled or released.

@@ -170,7 +170,8 @@ class LeaseStore(AsyncBase):
         return bool(rows and rows[0]["pending"])
 
     async def job_next_run_at(self, queue: str) -> float | None:
-        """Milliseconds until the queue's next not-yet-due job, or None if there is none."""
+        """Milliseconds until the queue's next not-yet-due job becomes due or a rate
+        token frees for its keyed jobs (job_next_run_at), or None if neither."""
         rows = await self._all("job_next_run_at", {"queue": queue})
         return _ms(rows[0]["wait"]) if rows else None
 

@@ -231,6 +231,30 @@ def test_rate_bounds_starts_in_the_window(db_dsn: str, client: Client) -> None:
         assert client.limit("r").available == 0  # type: ignore[union-attr]
 
 
+def _next_claim_s(conn: psycopg.Connection[Any]) -> float | None:
+    row = conn.execute(QUERIES["job_next_run_at"], {"queue": "lim"}).fetchone()
+    assert row is not None
+    return None if row["wait"] is None else float(row["wait"].total_seconds())
+
+
+def test_an_idle_producer_wakes_when_a_rate_token_frees(db_dsn: str, client: Client) -> None:
+    """job_next_run_at: at the oldest start of the window + per_ms; not for a key held
+    by its concurrency (a finish frees that), nor for a key with nothing due."""
+    client.set_limit("r", rate=(2, timedelta(seconds=30)))
+    for _ in range(3):
+        client.enqueue("t", queue="lim", limit_key="r")
+    with connect(db_dsn) as conn:
+        assert _next_claim_s(conn) is None  # no start logged yet: nothing to wait for
+        assert len(claim(conn)) == 2 and claim(conn) == []
+        wait = _next_claim_s(conn)
+        assert wait is not None and 29 < wait <= 30  # the first start leaves the window
+        client.set_limit("r", concurrency=2, rate=(2, timedelta(seconds=30)))
+        assert _next_claim_s(conn) is None  # at its concurrency: a finish, not a token
+        conn.execute("DELETE FROM deadman.jobs WHERE limit_key = 'r' AND state = 'queued'")
+        client.set_limit("r", rate=(2, timedelta(seconds=30)))
+        assert _next_claim_s(conn) is None  # nothing due behind the limit
+
+
 def test_keys_take_turns_within_a_priority(db_dsn: str, client: Client) -> None:
     """One tenant's backlog cannot starve another key in the same queue."""
     client.enqueue_many([client.job("t", queue="lim", limit_key="big") for _ in range(50)])
