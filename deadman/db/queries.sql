@@ -215,8 +215,9 @@ SELECT EXISTS (
 -- When an idle producer should claim again, so that it sleeps exactly until then
 -- instead of a whole poll interval: the next not-yet-due job of the queue becomes due,
 -- or a rate token frees for a key with due jobs in the queue (the oldest start in its
--- window leaves it at its stamp + per_ms). Not sooner than 50 ms: a token that freed
--- between the empty claim and this look is taken then, and nothing spins on it. A key
+-- window leaves it at its stamp + per_ms). Not sooner than 10 ms (the least gap between
+-- empty claims, EMPTY_CLAIM_GAP_S): a token that freed between the empty claim and
+-- this look is taken then, and nothing claims faster than that on it. A key
 -- at its concurrency waits for a finish (and the poll), not for a token.
 SELECT LEAST(
     (SELECT min(run_at) FROM deadman.jobs
@@ -224,7 +225,7 @@ SELECT LEAST(
        AND state IN ('queued', 'scheduled', 'retrying')
        AND run_at > now()),
     (SELECT min(GREATEST(s.first + l.rate_per_ms::bigint * interval '1 millisecond',
-                         now() + interval '50 milliseconds'))  -- no key: NULL, no wake
+                         now() + interval '10 milliseconds'))  -- no key: NULL, no wake
      FROM deadman.limits l
      CROSS JOIN LATERAL (
          SELECT min(at) AS first FROM deadman.limit_starts
