@@ -41,7 +41,7 @@ class Settings:
     heartbeat_s: float = 2.0
     rescue_s: float = 1.0
     poll_s: float = 1.0
-    concurrency: int = 10
+    concurrency: int = 100  # DECISIONS 48: async handlers wait, slots are cheap
     queues: tuple[str, ...] = ("default",)
     max_attempts: int = 5
     max_rescues: int = 5

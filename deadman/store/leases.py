@@ -32,6 +32,8 @@ class ClaimParams:
     ttl_ms: int
     #: jobs rescued this many times are quarantined: claimed only alone
     quarantine_at: int = 5
+    #: claim keyed jobs too (False: the completer's refill, see job_claim)
+    keyed: bool = True
 
 
 def claim_params(p: ClaimParams) -> dict[str, Any]:
@@ -40,9 +42,10 @@ def claim_params(p: ClaimParams) -> dict[str, Any]:
 
 
 def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
-    """job_claim_quarantined's: claim_params without the limit (it claims one)."""
+    """job_claim_quarantined's: claim_params without the limit (it claims one) and
+    the keyed switch (a quarantined job is never keyed)."""
     params = claim_params(p)
-    del params["limit"]
+    del params["limit"], params["keyed"]
     return params
 
 
@@ -183,6 +186,26 @@ class LeaseStore(AsyncBase):
         # at every batch size (DECISIONS.md 25).
         rows = await self._all("job_finish_many", finish_params(finishes))
         return {int(r["id"]) for r in rows}
+
+    async def job_finish_claim(
+        self, finishes: Sequence[Finish], claim: ClaimParams
+    ) -> tuple[set[int], list[Job]]:
+        """job_finish_many, then job_claim, in one transaction: one commit for a
+        worker's write and its next claim (the completer's refill, DECISIONS 45). The
+        statements are the ones the two calls send alone, so every race they have
+        been tested for is the same; the finished rows stay locked until the claim
+        commits. Not retried: the claim's send time starts its lease's trust window.
+        If the connection fails around the COMMIT, the caller cannot know whether it
+        landed and writes the outcomes again; a write that had landed is then
+        refused by the fence (reported as a lost lease) and the claimed jobs lapse
+        to the rescuer, as a retried job_finish_many would."""
+        with translate():
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
+                done = {int(r["id"]) for r in await cur.fetchall()}
+                cur = await conn.execute(QUERIES["job_claim"], claim_params(claim))
+                rows = await cur.fetchall()
+        return done, await self._readable(rows)
 
     async def job_finish_in(
         self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS

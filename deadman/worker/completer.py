@@ -14,18 +14,30 @@ One outcome that cannot be written (not transient: a value the database refuses,
 or one psycopg cannot even encode) fails alone: the batch is retried row by row,
 and only that row's submitter gets the error. Nothing a row holds ends the task:
 it is the worker's only way to record outcomes.
+
+Refill (DECISIONS 45): a flush also claims the jobs that take the slots its
+outcomes free, in the same transaction (``job_finish_claim``), so a worker under load
+pays one commit per cycle instead of one for the write and one for the claim. The
+producer says how (``refill``: the queue and how many, or None when it must claim
+itself: stopping, a quarantine check due, a suspect to run alone); the claimed jobs
+start as soon as the batch's submitters are settled (``on_claimed``). A slot is still
+given back only once its outcome is written, and here the claim that retakes it
+commits in the same transaction as that write. Only the slots of outcomes whose
+handler has returned count (``frees_slot``): a sync handler's thread that ignored its
+timeout keeps its slot, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 
 from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
-from deadman.model import JobState
-from deadman.store import Finish
+from deadman.model import Job, JobState
+from deadman.store import ClaimParams, Finish
 from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.completer")
@@ -36,6 +48,9 @@ log = logs.get("deadman.completer")
 #: DEADMAN_MAX_PAYLOAD_BYTES) would have been retried forever, and with them every
 #: outcome behind them.
 BATCH_MAX_BYTES = 64 * 1024 * 1024
+
+#: one pending outcome: what to write, its queue, its submitter, whether its slot frees
+Pending = tuple[Finish, str, "asyncio.Future[bool]", bool]
 
 
 class Completer:
@@ -55,22 +70,38 @@ class Completer:
         self._sizes: deque[int] = deque()  # bytes of each pending outcome, in step
         self._in_flight = in_flight
         self._flushing: set[asyncio.Task[None]] = set()
-        self._pending: deque[tuple[Finish, str, asyncio.Future[bool]]] = deque()
+        self._pending: deque[Pending] = deque()
         self._wake = asyncio.Event()
         self._stopping = False
         self.flushes = 0
         #: called after outcomes that put jobs back in line (retrying, released)
         self.on_requeue: Callable[[], None] | None = None
+        #: the claim to send with a flush that frees this many slots (module docstring)
+        self.refill: Callable[[int], ClaimParams | None] | None = None
+        #: start the jobs a refill claimed (their claim's monotonic send time)
+        self.on_claimed: Callable[[list[Job], float], None] | None = None
+        self._refilling = 0  # flushes in flight that carry a claim
+        self._refills_done = asyncio.Event()
+        self._refills_done.set()
         self._background: set[asyncio.Task[None]] = set()
 
-    async def submit(self, finish: Finish, queue: str, size: int = 0) -> bool:
+    async def submit(
+        self, finish: Finish, queue: str, size: int = 0, *, frees_slot: bool = False
+    ) -> bool:
         """Queue one outcome; resolves True once written, False if the fence refused it.
-        ``size``: about how many bytes its result and error take (see BATCH_MAX_BYTES)."""
+        ``size``: about how many bytes its result and error take (see BATCH_MAX_BYTES).
+        ``frees_slot``: its slot is given back once it is written (its handler has
+        returned), so a refill may claim a job for that slot."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((finish, queue, fut))
+        self._pending.append((finish, queue, fut, frees_slot))
         self._sizes.append(size)
         self._wake.set()
         return await fut
+
+    async def refills_settled(self) -> None:
+        """Until no flush that carries a claim is in flight (the worker's shutdown waits
+        for it after stopping the producer, so no job it claimed starts unseen)."""
+        await self._refills_done.wait()
 
     def stop(self) -> None:
         """Finish what is pending, then return from run()."""
@@ -98,7 +129,7 @@ class Completer:
                 if not self._pending:
                     return
 
-    def _next_batch(self) -> list[tuple[Finish, str, asyncio.Future[bool]]]:
+    def _next_batch(self) -> list[Pending]:
         """Up to batch_max outcomes and batch_max_bytes (always at least one)."""
         batch = [self._pending.popleft()]
         total = self._sizes.popleft()
@@ -117,17 +148,64 @@ class Completer:
         for task in done:
             task.result()
 
-    async def _flush(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> None:
+    async def _flush(self, batch: list[Pending]) -> None:
         with tracing.span(
             "deadman complete", {"messaging.batch.message_count": len(batch)}
         ) as span:
             done = await self._flush_rows(batch)
             span.set_attribute("deadman.complete.written", len(done))
 
-    async def _flush_rows(self, batch: list[tuple[Finish, str, asyncio.Future[bool]]]) -> set[int]:
-        """Write the batch, settle each submitter; the ids written."""
+    async def _flush_rows(self, batch: list[Pending]) -> set[int]:
+        """Write the batch (with a refill claim, when the producer asks for one),
+        settle each submitter, then start what was claimed; the ids written."""
+        freed = sum(1 for item in batch if item[3])
+        claim = self.refill(freed) if self.refill is not None and freed else None
+        if claim is None:
+            return await self._write_settle(batch)
+        self._refilling += 1
+        self._refills_done.clear()
         try:
-            done = await self._write([f for f, _, _ in batch])
+            sent = time.monotonic()
+            try:
+                done, jobs = await self._write_claim(batch, claim)
+            except Exception as exc:
+                # Transient, a row that cannot be written, or the claim itself failed:
+                # nothing committed (see job_finish_claim for a lost COMMIT reply). The
+                # outcomes are written the usual way; the producer claims their slots.
+                log.warning("refill_failed", error=repr(exc)[:500], outcomes=len(batch))
+            else:
+                self._settle(batch, done)
+                if jobs and self.on_claimed is not None:
+                    self.on_claimed(jobs, sent)
+                return done
+        finally:
+            self._refilling -= 1
+            if not self._refilling:
+                self._refills_done.set()
+        return await self._write_settle(batch)
+
+    async def _write_claim(
+        self, batch: list[Pending], claim: ClaimParams
+    ) -> tuple[set[int], list[Job]]:
+        attrs: dict[str, str | int] = {
+            "messaging.system": "deadman",
+            "messaging.operation.type": "receive",
+            "messaging.destination.name": claim.queue,
+            "deadman.claim.limit": claim.limit,
+            "deadman.claim.refill": True,
+        }
+        with tracing.span("deadman claim", attrs) as span:
+            done, jobs = await self._store.job_finish_claim([f for f, _, _, _ in batch], claim)
+            span.set_attribute("messaging.batch.message_count", len(jobs))
+        if jobs:
+            metrics.JOBS_CLAIMED.labels(claim.queue).inc(len(jobs))
+        return done, jobs
+
+    async def _write_settle(self, batch: list[Pending]) -> set[int]:
+        """Write the batch (row by row if it cannot be written whole), settle each
+        submitter; the ids written."""
+        try:
+            done = await self._write([f for f, _, _, _ in batch])
         except Exception:
             # One bad row must not sink the others' outcomes: write them one by one.
             # (Exception, not DeadmanError: psycopg raises UnicodeEncodeError for a
@@ -162,13 +240,11 @@ class Completer:
                 log.warning("completer_db_unavailable", error=str(exc), pending=len(finishes))
                 await asyncio.sleep(1.0)
 
-    def _settle(
-        self, batch: list[tuple[Finish, str, asyncio.Future[bool]]], done: set[int]
-    ) -> None:
+    def _settle(self, batch: list[Pending], done: set[int]) -> None:
         self.flushes += 1
         refused: list[tuple[int, int]] = []
         finished: Counter[tuple[str, str]] = Counter()
-        for finish, queue, fut in batch:
+        for finish, queue, fut, _ in batch:
             ok = finish.id in done
             if ok:
                 finished[queue, finish.outcome.value] += 1
@@ -189,7 +265,7 @@ class Completer:
         for (queue, outcome), n in finished.items():  # one metric update per batch
             metrics.JOBS_FINISHED.labels(queue, outcome).inc(n)
         if self.on_requeue is not None and any(
-            f.id in done and f.state in (JobState.RETRYING, JobState.QUEUED) for f, _, _ in batch
+            f.id in done and f.state in (JobState.RETRYING, JobState.QUEUED) for f, _, _, _ in batch
         ):
             self.on_requeue()
         if refused:

@@ -236,8 +236,9 @@ class Executor:
                 return
             held.finishing = True
             size = held.result_bytes + len(finish.error or "")
+            frees = held.thread is None or held.thread.done()  # see _give_slot
             try:
-                written = await self._completer.submit(finish, job.queue, size)
+                written = await self._completer.submit(finish, job.queue, size, frees_slot=frees)
             except Exception as exc:
                 # Not writable (not transient). A success whose result slipped past
                 # checked_result is failed instead; anything else is left to lapse,

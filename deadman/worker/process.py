@@ -45,6 +45,7 @@ from psycopg_pool import ConnectionPool
 
 from deadman import logs
 from deadman.config import Settings
+from deadman.db.plans import generic_plans
 from deadman.db.pool import async_pool, sync_pool
 from deadman.handlers import builtins
 from deadman.maintenance import Service
@@ -112,7 +113,7 @@ class Worker:
         self._sync_pool_lock = threading.Lock()
         pool_max = worker_pool_size(settings)
         self.store: WorkerStore = store or AsyncStore.create(
-            dsn,
+            generic_plans(dsn),  # the claim was planned again on every call (db/plans.py)
             min_size=min(2, pool_max),
             max_size=pool_max,
             timeout=max(1.0, settings.lease_ttl_s / 4),
@@ -204,6 +205,8 @@ class Worker:
         self.producer = producer  # for tests and a debugger: claims made so far
         # A retry or release makes a job due later; the idle producer must look again.
         completer.on_requeue = producer.wake
+        completer.refill = producer.refill
+        completer.on_claimed = producer.refilled
         heartbeat = Heartbeat(parts)
         listener = Listener(
             self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
@@ -237,6 +240,8 @@ class Worker:
         # 1. stop claiming
         producer.stop()
         await asyncio.gather(tasks["producer"], return_exceptions=True)
+        with contextlib.suppress(TimeoutError):  # jobs claimed with a write: started
+            await asyncio.wait_for(completer.refills_settled(), 10.0)
         # 2. let in-flight handlers finish within the grace period
         if len(inflight):
             log.info("worker_draining", held=len(inflight), grace_s=s.shutdown_grace_s)

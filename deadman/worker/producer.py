@@ -17,6 +17,12 @@ load therefore pauses briefly for each suspect instead of starving it. An idle
 producer only tries the quarantine claim when that check saw a suspect: asking on
 every wake-up put one more round trip in front of every claim (measured in the
 latency benchmark), and a suspect can wait a few seconds.
+
+Under load most claims ride on the completer's writes (``refill``, DECISIONS 45): the
+slots a batch of outcomes frees are claimed again in that batch's transaction. The
+producer decides them, as it decides its own claims (which queue, how many, and not
+at all while it stops, drains for a suspect or has a quarantine check due), and
+claims the rest itself: free slots, empty queues, wake-ups.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 
 from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
+from deadman.model import Job
 from deadman.store import ClaimParams, quarantine_at
 from deadman.worker.parts import WorkerLoop, WorkerParts
 from deadman.worker.slots import Slots
@@ -60,6 +68,7 @@ class Producer(WorkerLoop):
         # never overlaps the write. Half the slots per claim keeps two cohorts out of
         # phase, so one is claimed and run while the other's outcomes are written.
         self._claim_max = settings.claim_batch or max(1, (settings.concurrency + 1) // 2)
+        self._ttl_ms = int(settings.lease_ttl_s * 1000)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._turn = 0
@@ -74,8 +83,35 @@ class Producer(WorkerLoop):
         self._stop.set()
         self._wake.set()
 
+    def refill(self, freed: int) -> ClaimParams | None:
+        """The claim a completer flush that frees ``freed`` slots should carry: the
+        next queue in turn, as many jobs as those slots (at most a claim's size); or
+        None when this producer must look first (stopping, running or draining for a
+        suspect, or its quarantine check is due: under steady load its own loop would
+        otherwise never get a turn)."""
+        if (
+            freed <= 0
+            or self._stop.is_set()
+            or self._isolating is not None
+            or self._suspects
+            or time.monotonic() >= self._next_quarantine_check
+        ):
+            return None
+        queue = self._queues[self._turn % len(self._queues)]
+        self._turn += 1
+        # unkeyed jobs only: a key's freed slot goes to whichever worker claims first,
+        # not always to the writer (job_claim)
+        params = self._claim_params(queue, min(freed, self._claim_max), self._ttl_ms)
+        return replace(params, keyed=False)
+
+    def refilled(self, jobs: list[Job], sent: float) -> None:
+        """Start the jobs a refill claimed (``sent``: when its transaction was sent)."""
+        self.claims += 1
+        for job in jobs:
+            self._executor.start(job, sent)
+
     async def run(self) -> None:
-        ttl_ms = int(self._settings.lease_ttl_s * 1000)
+        ttl_ms = self._ttl_ms
         while not self._stop.is_set():
             if self._isolating is not None and self._inflight.get(self._isolating) is None:
                 self._isolating = None

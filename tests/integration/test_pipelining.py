@@ -33,6 +33,7 @@ class WatchedStore(AsyncStore):
         self.most_at_once = 0
         self.batches: list[int] = []
         self.claim_limits: list[int] = []
+        self.refills = 0
 
     async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
         self.running += 1
@@ -47,6 +48,21 @@ class WatchedStore(AsyncStore):
     async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
         self.claim_limits.append(p.limit)
         return await super().job_claim(p, retry_s)
+
+    async def job_finish_claim(
+        self, finishes: Sequence[Finish], claim: ClaimParams
+    ) -> tuple[set[int], list[Job]]:
+        """The completer's refill: a finish and a claim in one transaction."""
+        self.claim_limits.append(claim.limit)
+        self.refills += 1
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        self.batches.append(len(finishes))
+        try:
+            await asyncio.sleep(0.05)
+            return await super().job_finish_claim(finishes, claim)
+        finally:
+            self.running -= 1
 
 
 def claimed(conn: psycopg.Connection[DictRow], n: int) -> list[tuple[int, int]]:
@@ -151,6 +167,7 @@ def test_the_producer_claims_at_most_claim_batch_per_statement(
             )
         limits = store.claim_limits
         assert limits and max(limits) == most
+        assert store.refills  # most claims rode on a completion (DECISIONS 45)
         rows = conn.execute(
             "SELECT job_id, count(*) AS n FROM deadman.attempts WHERE job_id = ANY(%s)"
             " GROUP BY job_id",

@@ -137,7 +137,14 @@ def _heartbeat(conn: Conn, w: World) -> list[DictRow]:
     return _rows(conn, "job_heartbeat_many", heartbeat_params(p))
 
 
-def _finish(state: JobState, outcome: AttemptOutcome, *, on: str = "job", effect: bool = False):  # type: ignore[no-untyped-def]
+def _finish(  # type: ignore[no-untyped-def]
+    state: JobState,
+    outcome: AttemptOutcome,
+    *,
+    on: str = "job",
+    effect: bool = False,
+    claim: bool = False,
+):
     def run(conn: Conn, w: World) -> list[DictRow]:
         job, token = (w.job, w.token) if on == "job" else (w.upstream, w.upstream_token)
         assert job is not None and token is not None
@@ -153,7 +160,12 @@ def _finish(state: JobState, outcome: AttemptOutcome, *, on: str = "job", effect
         if effect:  # ctx.transaction(): the effect and the fenced completion, one tx
             conn.execute(QUERIES["effect_insert"], {"job_id": job, "lease_token": token})
             conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": 60_000})
-        return _rows(conn, "job_finish_many", finish_params([f]))
+        rows = _rows(conn, "job_finish_many", finish_params([f]))
+        if claim:  # the completer's refill: the next claim in the finish's transaction
+            # (only the finish's rows are its acknowledgement: the claim may take the
+            # very job a rescue put back, which is not this attempt's write landing)
+            _claim(conn, w)
+        return rows
 
     return run
 
@@ -275,6 +287,22 @@ STATEMENTS: dict[str, Stmt] = {
             _returned_job,
             fenced=True,
             ends_lease=True,
+        ),
+        # the completer's refill (DECISIONS 45): an outcome and the next claim commit
+        # together; a retry with no backoff is due again inside that transaction
+        *(
+            Stmt(
+                f"finish_claim_{name}",
+                ("job_finish_many", "job_claim"),
+                _finish(st, o, claim=True),
+                _returned_job,
+                fenced=True,
+                ends_lease=True,
+            )
+            for name, st, o in [
+                ("succeeded", S.SUCCEEDED, Out.SUCCEEDED),
+                ("retrying", S.RETRYING, Out.FAILED),
+            ]
         ),
         Stmt("cancel", ("job_cancel",), _cancel, _returned_job),
         Stmt("retry", ("job_retry",), _retry, _returned_job),
@@ -458,6 +486,8 @@ FINISHES = [
     "finish_cancelled",
     "finish_released",
     "finish_in_transaction",
+    "finish_claim_succeeded",
+    "finish_claim_retrying",
 ]
 MATRIX: list[tuple[str, str, str]] = [
     # due work: claimers, cancellers, the expirer and pause meet on a queued row
@@ -646,12 +676,18 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
     ):
         assert job["state"] in ("cancelled", "succeeded", "running"), job["state"]
         if job["state"] == "succeeded":
-            won = {"finish_succeeded", "finish_in_transaction"} & set(acked)
+            won = {"finish_succeeded", "finish_in_transaction", "finish_claim_succeeded"} & set(
+                acked
+            )
             assert won, "succeeded after a cancel, but no attempt in flight succeeded"
         if job["state"] == "running":
             assert job["cancel_requested"], "running after a cancel, flag lost"
             # the attempt in flight when the cancel was acknowledged: no new token
-            claimed = "claim" in acked or "claim_quarantined" in acked
+            # (a refill that claimed the job again it had just put back to retry
+            # started that attempt before the cancel, if it committed first)
+            claimed = any(
+                n in ("claim", "claim_quarantined", "finish_claim_retrying") for n in acked
+            )
             if world.token is not None and not claimed:
                 assert job["lease_token"] == world.token, "a new attempt started"
         _assert_not_claimable(conn, world.job)

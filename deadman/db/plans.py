@@ -1,0 +1,30 @@
+"""Generic plans for the worker's own statements: a DSN whose sessions plan each
+prepared statement once.
+
+Postgres plans a prepared statement afresh for its first five executions and keeps
+doing so whenever the generic plan's estimated cost looks worse than the custom
+plans' average, which for the claim (a CTE over two functions) it always did: every
+claim was planned again, ~0.5 ms of server CPU per statement on this machine, as much
+as executing it. The worker's statements are written to go through their indexes
+whatever the parameters (DECISIONS 25 and 45), so their generic plan is the plan.
+
+Set as a startup option (``-c plan_cache_mode=force_generic_plan``) rather than a
+``SET``: no session state to leak through a transaction-mode PgBouncer, which drops
+or refuses startup options (see README, PgBouncer); there the statements are not
+prepared at all.
+"""
+
+from __future__ import annotations
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+GENERIC = "-c plan_cache_mode=force_generic_plan"
+
+
+def generic_plans(dsn: str) -> str:
+    """``dsn`` with the generic-plan option added to any ``options`` it already has."""
+    params = conninfo_to_dict(dsn)
+    current = str(params.get("options") or "").strip()
+    if GENERIC in current:
+        return dsn
+    return make_conninfo(dsn, options=f"{current} {GENERIC}".strip())
