@@ -650,11 +650,26 @@ FROM (SELECT 1 FROM deadman.jobs
 -- for its actual values, in which the NULL tests fold away and the matching
 -- jobs_list_*_idx (or the primary key) is walked backwards. A cached generic plan
 -- would keep the ORs and could scan the whole table for a rare state.
-SELECT * FROM deadman.jobs
-WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-  AND (%(type)s::text IS NULL OR type = %(type)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+-- Two branches (migration 0016): the listing indexes hold no running job, so running
+-- jobs (as many as the fleet has slots) come from jobs_running_idx; a filter on
+-- another state makes that branch contradict itself and the planner drops it.
+(SELECT * FROM deadman.jobs
+ WHERE state <> 'running'
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(type)s::text IS NULL OR type = %(type)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT * FROM deadman.jobs
+ WHERE state = 'running'
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(type)s::text IS NULL OR type = %(type)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -723,15 +738,21 @@ ORDER BY u.id;
 -- GET /queues, /stats, /metrics, `deadman queues|top` and the dashboard: every queue
 -- that has unfinished jobs or a settings row, with its pause flag, exact counts of
 -- its unfinished jobs by state, and when its oldest due job became due. Only the
--- unfinished rows are read (jobs_list_state_idx on state = ANY(...)), so the cost
--- follows the backlog, never the millions of finished rows retention keeps; finished
--- jobs are counted by job_counts_finished instead, without a queue breakdown.
+-- unfinished rows are read (jobs_list_state_idx on state = ANY(...), and
+-- jobs_running_idx for the running ones: migration 0016), so the cost follows the
+-- backlog, never the millions of finished rows retention keeps; finished jobs are
+-- counted by job_counts_finished instead, without a queue breakdown.
 WITH live AS (
     SELECT queue, state, count(*) AS n,
            min(run_at) FILTER (WHERE state IN ('queued', 'scheduled', 'retrying')
                                  AND run_at <= now()) AS oldest_due_at
     FROM deadman.jobs
-    WHERE state IN ('waiting', 'scheduled', 'queued', 'running', 'retrying')
+    WHERE state IN ('waiting', 'scheduled', 'queued', 'retrying')
+    GROUP BY queue, state
+    UNION ALL
+    SELECT queue, state, count(*), NULL
+    FROM deadman.jobs
+    WHERE state = 'running'
     GROUP BY queue, state
 ), names AS (
     SELECT queue AS name FROM live
@@ -769,7 +790,12 @@ WITH paused AS (
                                  AND run_at <= now()) AS oldest_due_at
     FROM deadman.jobs
     WHERE queue = %(name)s
-      AND state IN ('waiting', 'scheduled', 'queued', 'running', 'retrying')
+      AND state IN ('waiting', 'scheduled', 'queued', 'retrying')
+    GROUP BY state
+    UNION ALL  -- running jobs are in no listing index (migration 0016)
+    SELECT state, count(*), NULL
+    FROM deadman.jobs
+    WHERE queue = %(name)s AND state = 'running'
     GROUP BY state
 )
 SELECT %(name)s::text AS name, %(paused)s::boolean AS paused,
@@ -792,16 +818,29 @@ ORDER BY w.id;
 -- name: job_counts_finished
 -- GET /stats, /metrics: jobs in each finished state, in total (no queue breakdown).
 -- These are the big states (retention keeps a day of successes), so they are never
--- counted by a scan: a count walks jobs_list_state_idx no further than %(cap)s + 1
--- entries; past the cap the planner's estimate is used instead, marked `estimated`:
+-- counted whole: a count reads no further than %(cap)s + 1 rows (jobs_list_state_idx
+-- for dead and cancelled; succeeded rows are not in it since migration 0016 and are
+-- the bulk of the table, so its first rows match); past the cap the planner's
+-- estimate is used instead, marked `estimated`:
 -- the table's live row estimate (reltuples per page, scaled to the current number of
 -- pages, as the planner does) times the state's frequency in pg_stats. Estimates are
 -- as fresh as the last ANALYZE (autovacuum analyzes the jobs table after 2 percent of it changed).
+-- One count per state, each with its state as a constant, so that each can be
+-- planned on its own index (jobs_finished_idx for succeeded, jobs_list_state_idx
+-- for the others).
 WITH capped AS MATERIALIZED (
-    SELECT t.state,
-           (SELECT count(*) FROM (SELECT 1 FROM deadman.jobs j WHERE j.state = t.state
+    SELECT 'succeeded' AS state,  -- in finished_at order: along jobs_finished_idx
+           (SELECT count(*) FROM (SELECT 1 FROM deadman.jobs j WHERE j.state = 'succeeded'
+                                  ORDER BY j.finished_at
                                   LIMIT %(cap)s::bigint + 1) AS s) AS n
-    FROM unnest(ARRAY['succeeded', 'dead', 'cancelled']) AS t(state)
+    UNION ALL
+    SELECT 'dead',
+           (SELECT count(*) FROM (SELECT 1 FROM deadman.jobs j WHERE j.state = 'dead'
+                                  LIMIT %(cap)s::bigint + 1) AS s)
+    UNION ALL
+    SELECT 'cancelled',
+           (SELECT count(*) FROM (SELECT 1 FROM deadman.jobs j WHERE j.state = 'cancelled'
+                                  LIMIT %(cap)s::bigint + 1) AS s)
 ), rel AS (
     SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
                 THEN c.reltuples / c.relpages

@@ -53,7 +53,14 @@ def test_claim_uses_the_claim_index(seeded_dsn: str, limit: int) -> None:
     nodes = explain(
         seeded_dsn,
         "job_claim",
-        {"queue": "default", "worker": "w", "limit": limit, "ttl_ms": 30_000, "quarantine_at": 5},
+        {
+            "queue": "default",
+            "worker": "w",
+            "limit": limit,
+            "ttl_ms": 30_000,
+            "quarantine_at": 5,
+            "keyed": True,
+        },
     )
     assert "jobs_claim_idx" in indexes_used(nodes), nodes
     assert seq_scans_on_jobs(nodes) == []
@@ -267,7 +274,14 @@ def test_a_claim_is_not_hot_so_the_measurement_can_fail(db_dsn: str) -> None:
         assert _renew(conn, [(running.id, running.lease_token)]) == 1
         claimed = conn.execute(
             QUERIES["job_claim"],
-            {"queue": "default", "worker": "w", "limit": 1, "ttl_ms": 1000, "quarantine_at": 5},
+            {
+                "queue": "default",
+                "worker": "w",
+                "limit": 1,
+                "ttl_ms": 1000,
+                "quarantine_at": 5,
+                "keyed": True,
+            },
         ).fetchall()
         assert len(claimed) == 1
         updated1, hot1 = _xact_updates(conn)
