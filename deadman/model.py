@@ -255,45 +255,51 @@ class Job:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
-        token = row.get("lease_token")
+        """The job a row of deadman.jobs describes (as the claim, reads and listings
+        return them). Every claimed job passes through here, so the instance's
+        ``__dict__`` is filled in one step rather than through the frozen dataclass's
+        ``__init__`` (one ``object.__setattr__`` per field: 30 of them); the result is
+        the same frozen, comparable object, checked field for field against
+        ``__init__`` by tests/unit/test_model.py."""
+        get = row.get
+        token = get("lease_token")
         lease = None
         if token is not None:
-            lease = Lease(
-                worker=row.get("lease_worker") or "",
-                token=int(token),
-                expires_at=row["lease_expires_at"],
-            )
-        return cls(
+            lease = Lease(get("lease_worker") or "", int(token), row["lease_expires_at"])
+        workflow_id = get("workflow_id")
+        job = object.__new__(cls)
+        job.__dict__.update(
             id=int(row["id"]),
             type=row["type"],
             queue=row["queue"],
             priority=int(row["priority"]),
-            payload=row.get("payload"),
+            payload=get("payload"),
             state=_STATES[row["state"]],
             attempt=int(row["attempt"]),
             max_attempts=int(row["max_attempts"]),
-            rescues=int(row.get("rescues") or 0),
-            backoff=Backoff.from_json(row.get("backoff")),
-            timeout_ms=row.get("timeout_ms"),
+            rescues=int(get("rescues") or 0),
+            backoff=Backoff.from_json(get("backoff")),
+            timeout_ms=get("timeout_ms"),
             run_at=row["run_at"],
             created_at=row["created_at"],
-            started_at=row.get("started_at"),
-            finished_at=row.get("finished_at"),
-            idempotency_key=row.get("idempotency_key"),
+            started_at=get("started_at"),
+            finished_at=get("finished_at"),
+            idempotency_key=get("idempotency_key"),
             lease=lease,
-            last_error=row.get("last_error"),
-            result=row.get("result"),
-            cancel_requested=bool(row.get("cancel_requested") or False),
-            request_hash=row.get("request_hash"),
-            workflow_id=None if row.get("workflow_id") is None else int(row["workflow_id"]),
-            node=row.get("node"),
-            pending_deps=int(row.get("pending_deps") or 0),
-            start_by=row.get("start_by"),
-            deadline=row.get("deadline"),
-            heartbeat_timeout_ms=row.get("heartbeat_timeout_ms"),
-            limit_key=row.get("limit_key"),
-            trace_context=row.get("trace_context"),
+            last_error=get("last_error"),
+            result=get("result"),
+            cancel_requested=bool(get("cancel_requested") or False),
+            request_hash=get("request_hash"),
+            workflow_id=None if workflow_id is None else int(workflow_id),
+            node=get("node"),
+            pending_deps=int(get("pending_deps") or 0),
+            start_by=get("start_by"),
+            deadline=get("deadline"),
+            heartbeat_timeout_ms=get("heartbeat_timeout_ms"),
+            limit_key=get("limit_key"),
+            trace_context=get("trace_context"),
         )
+        return job
 
 
 class WorkflowState(enum.StrEnum):

@@ -7,6 +7,7 @@ table it checks cannot fail.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 from deadman.errors import IllegalTransition, InvalidJob
 from deadman.model import (
+    DEFAULT_BACKOFF,
     AttemptOutcome,
     Backoff,
     Job,
     JobState,
+    Lease,
     can_transition,
     check_transition,
     validate_queue,
@@ -267,3 +270,49 @@ def test_job_from_row_with_and_without_lease() -> None:
     idle = Job.from_row({**row, "state": "queued", "lease_token": None})
     assert idle.lease is None
     assert idle.cancel_requested is False
+
+
+def test_job_from_row_fills_every_field_as_init_would() -> None:
+    """from_row fills the instance's __dict__ directly (speed): every dataclass field
+    must be there, with the value __init__ would have stored, and the job must stay
+    frozen and compare equal to one made by __init__."""
+    now = datetime.now(UTC)
+    values: dict[str, Any] = {
+        "id": 9,
+        "type": "t",
+        "queue": "q",
+        "priority": 1,
+        "payload": [1],
+        "state": JobState.RUNNING,
+        "attempt": 1,
+        "max_attempts": 3,
+        "rescues": 2,
+        "backoff": DEFAULT_BACKOFF,
+        "timeout_ms": 50,
+        "run_at": now,
+        "created_at": now,
+        "started_at": now,
+        "finished_at": None,
+        "idempotency_key": "k",
+        "lease": Lease(worker="w", token=4, expires_at=now),
+        "last_error": "e",
+        "result": {"r": 1},
+        "cancel_requested": True,
+        "request_hash": "h",
+        "workflow_id": 3,
+        "node": "n",
+        "pending_deps": 2,
+        "start_by": now,
+        "deadline": now,
+        "heartbeat_timeout_ms": 10,
+        "limit_key": "key",
+        "trace_context": {"traceparent": "x"},
+    }
+    assert set(values) == {f.name for f in dataclasses.fields(Job)}
+    row = {k: v for k, v in values.items() if k not in ("lease", "state", "backoff")}
+    row.update(state="running", backoff=None, lease_token=4, lease_worker="w", lease_expires_at=now)
+    job = Job.from_row(row)
+    assert job == Job(**values)
+    assert set(job.__dict__) == set(values)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.id = 1  # type: ignore[misc]
