@@ -192,7 +192,7 @@ def check_rescue(stack: Stack, urls: list[str], sleep_ms: int, lease_ttl_s: floa
         status, attempts = http("GET", f"{url}/jobs/{job_id}/attempts")
         if status != 200:
             raise CheckFailed(f"GET /jobs/{job_id}/attempts answered {status}: {attempts}")
-        rows = attempts["items"] if isinstance(attempts, dict) else attempts
+        rows = attempts["attempts"]
         hosts = [(a["worker"].split(":")[0], a["outcome"]) for a in rows]
         first_host, first_outcome = hosts[0]
         last_host, last_outcome = hosts[-1]
@@ -200,6 +200,13 @@ def check_rescue(stack: Stack, urls: list[str], sleep_ms: int, lease_ttl_s: floa
             raise CheckFailed(f"job {job_id}: first attempt not the killed one: {hosts}")
         if last_host not in survivors or last_outcome != "succeeded":
             raise CheckFailed(f"job {job_id}: not finished by another worker: {hosts}")
+    for job_id in set(ids) - set(held):  # the survivor's own: ran once, where they were
+        _status, attempts = http("GET", f"{url}/jobs/{job_id}/attempts")
+        if len(attempts["attempts"]) != 1:
+            raise CheckFailed(f"job {job_id} (not on the killed worker) ran again: {attempts}")
+    state = stack.inspect(victim)["State"]
+    if state["Running"] or state["Restarting"]:
+        raise CheckFailed(f"the killed worker container came back: {state}")
     outcome = hosts[0][1]
     log(
         f"rescue: each of the {len(held)} held jobs: attempt 1 on {victim_host} "
