@@ -1,7 +1,8 @@
 #!/bin/sh
 # First start: a cluster in $PGDATA owned by $POSTGRES_USER with $POSTGRES_PASSWORD
-# (SCRAM over TCP, like the official image), and the database $POSTGRES_DB. Then the
-# server in the foreground, with any extra arguments (-c name=value) passed on.
+# (SCRAM over TCP unless POSTGRES_HOST_AUTH_METHOD says otherwise, like the official
+# image), and the database $POSTGRES_DB. Then the server in the foreground, with any
+# extra arguments (-c name=value) passed on.
 set -eu
 : "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}"
 user="${POSTGRES_USER:-postgres}"
@@ -14,7 +15,7 @@ if [ "${1:-postgres}" = postgres ]; then
         initdb -D "$PGDATA" -U "$user" --pwfile="$pwfile" --auth-local=trust \
             --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
         rm -f "$pwfile"
-        echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
+        echo "host all all all ${POSTGRES_HOST_AUTH_METHOD:-scram-sha-256}" >> "$PGDATA/pg_hba.conf"
         if [ "$db" != postgres ]; then
             echo "CREATE DATABASE \"$db\"" | postgres --single -D "$PGDATA" -j postgres >/dev/null
         fi

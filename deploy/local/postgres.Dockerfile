@@ -1,7 +1,8 @@
 # Stands in for postgres:16 where no registry is reachable (make test-compose, and
 # DEADMAN_TEST_BACKEND=testcontainers here): Debian's PostgreSQL 15, with the part of
 # the official image's interface that deploy/docker-compose.yml and testcontainers
-# use: POSTGRES_USER/POSTGRES_PASSWORD/POSTGRES_DB, PGDATA, port 5432, pg_isready.
+# use: POSTGRES_USER/POSTGRES_PASSWORD/POSTGRES_DB/POSTGRES_HOST_AUTH_METHOD, PGDATA,
+# port 5432, pg_isready, psql.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 # No cluster at install time: the entrypoint creates one in PGDATA on first start.

@@ -23,6 +23,7 @@ BACKEND_ENV = "DEADMAN_TEST_BACKEND"
 IMAGE_ENV = "DEADMAN_TEST_POSTGRES_IMAGE"
 BACKENDS = ("local", "testcontainers")
 DEFAULT_IMAGE = "postgres:16"
+USER = "postgres"
 #: what devdb's throwaway cluster sets (deadman/devdb_cluster.py, fast=True)
 FAST_SETTINGS = ("fsync=off", "full_page_writes=off", "max_connections=200")
 
@@ -64,16 +65,21 @@ def postgres_container(image_name: str) -> Iterator[str]:
         ) from exc
 
     password = secrets.token_hex(16)
+    # Like the throwaway cluster: trust (so a role that does not exist is named as such,
+    # not "password authentication failed"), and a superuser whose name is no schema of
+    # ours ("$user" in search_path would drop the deadman. qualifier from catalog
+    # output the schema snapshot compares).
     container = PostgresContainer(
-        image_name, username="deadman", password=password, dbname="postgres", driver=None
+        image_name, username=USER, password=password, dbname="postgres", driver=None
     )
+    container.with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
     container.with_command(["postgres", *(a for s in FAST_SETTINGS for a in ("-c", s))])
     with container:
         yield make_conninfo(
             "",
             host=container.get_container_host_ip(),
             port=int(container.get_exposed_port(5432)),
-            user="deadman",
+            user=USER,
             password=password,
             dbname="postgres",
         )
