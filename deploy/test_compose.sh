@@ -56,11 +56,20 @@ cleanup() {
     trap - EXIT INT TERM
     if docker info >/dev/null 2>&1; then
         log "teardown: containers, network and volumes of $PROJECT"
+        # One service at a time, clients first, so a slow stop (SIGKILL after the
+        # grace) shows up with its service's name.
+        local service started
+        for service in api worker prometheus pgbouncer postgres; do
+            started=$SECONDS
+            "${COMPOSE[@]}" stop --timeout 20 "$service" >>"$STATE/down.log" 2>&1 || true
+            log "  $service stopped in $((SECONDS - started)) s"
+        done
         "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 20 >"$STATE/down.log" 2>&1 \
             || { log "compose down failed:"; cat "$STATE/down.log" >&2; code=1; }
         local left
         left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
         left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+        left+=$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT")
         [ -z "$left" ] || { log "left behind: $left" >&2; code=1; }
     fi
     if [ -n "$STARTED_DOCKERD" ]; then
