@@ -86,3 +86,11 @@ browser-deps: ## Install chromium for the dashboard's browser test (root + apt-g
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "browser-deps: /usr/bin/chromium missing and cannot apt-get it (not root?)" >&2; fi
+
+# deploy/docker-compose.yml for real, with images built locally (deploy/test_compose.sh
+# says how); minutes, so not part of `make test`. Bounded: TERM after the limit, which
+# still tears the stack down.
+COMPOSE_TEST_LIMIT_S ?= 1200
+.PHONY: test-compose
+test-compose: install ## Bring up deploy/docker-compose.yml and check it (docker; root installs it)
+	HOST_PYTHON=$(BIN)/python timeout -k 120 $(COMPOSE_TEST_LIMIT_S) deploy/test_compose.sh

@@ -3,8 +3,10 @@ and a fresh copy of it for every test (``CREATE DATABASE ... TEMPLATE``: isolate
 much faster than migrating per test).
 
 Set ``DEADMAN_TEST_DATABASE_URL`` to use an existing server; its database is only used
-to create and drop others, so the role needs CREATEDB. Otherwise a private fast
-(fsync off) cluster is started for the session and deleted at the end.
+to create and drop others, so the role needs CREATEDB. ``DEADMAN_TEST_BACKEND=
+testcontainers`` starts the server in a container instead (tests/helpers/pg_backend.py).
+Otherwise a private fast (fsync off) cluster is started for the session and deleted
+at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from deadman import devdb
+from tests.helpers import pg_backend
 
 _SERVER_ENV = "DEADMAN_TEST_DATABASE_URL"
 
@@ -53,11 +56,32 @@ def _unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A misspelt backend stops the run before any test, not one error per test.
+    try:
+        pg_backend.backend()
+        pg_backend.image()
+    except pg_backend.BackendError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
 @pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[devdb.Cluster | None]:
+def pg_container() -> Iterator[str | None]:
+    """DSN of the server in a container (DEADMAN_TEST_BACKEND=testcontainers); None
+    for the default local cluster and for DEADMAN_TEST_DATABASE_URL."""
+    if os.environ.get(_SERVER_ENV) or pg_backend.backend() != "testcontainers":
+        yield None
+        return
+    with pg_backend.postgres_container(pg_backend.image()) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pg_container: str | None) -> Iterator[devdb.Cluster | None]:
     """The session's own cluster, for tests that stop/restart Postgres; None when the
-    server comes from DEADMAN_TEST_DATABASE_URL (tests needing it should skip)."""
-    if os.environ.get(_SERVER_ENV):
+    server comes from DEADMAN_TEST_DATABASE_URL or a container (tests needing it
+    should skip)."""
+    if os.environ.get(_SERVER_ENV) or pg_container is not None:
         yield None
         return
     cluster = devdb.throwaway()
@@ -68,9 +92,9 @@ def pg_cluster() -> Iterator[devdb.Cluster | None]:
 
 
 @pytest.fixture(scope="session")
-def pg_server_dsn(pg_cluster: devdb.Cluster | None) -> str:
+def pg_server_dsn(pg_container: str | None, pg_cluster: devdb.Cluster | None) -> str:
     """DSN of the server's maintenance database; used to CREATE/DROP test databases."""
-    external = os.environ.get(_SERVER_ENV)
+    external = os.environ.get(_SERVER_ENV) or pg_container
     if external:
         return external
     assert pg_cluster is not None
