@@ -44,7 +44,7 @@ fmt: install ## Format and auto-fix lint
 # pytest exits 5 when it collects nothing; that fails the target like any failure.
 # Two pytest-xdist workers (DECISIONS 43), each with its own throwaway cluster.
 TEST_WORKERS ?= 2
-test: check browser-deps ## check, then the whole test suite
+test: check browser-deps pgbouncer-deps ## check, then the whole test suite
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 demo: install ## Start a private Postgres and run the demo
@@ -86,3 +86,12 @@ browser-deps: ## Install chromium for the dashboard's browser test (root + apt-g
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "browser-deps: /usr/bin/chromium missing and cannot apt-get it (not root?)" >&2; fi
+
+# The PgBouncer tests (tests/pgbouncer/) start Debian's pgbouncer in transaction mode in
+# front of the test cluster. Installed only when missing, and only where we can.
+.PHONY: pgbouncer-deps
+pgbouncer-deps: ## Install pgbouncer for the PgBouncer tests (root + apt-get only)
+	@if [ -x /usr/sbin/pgbouncer ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; \
+	else echo "pgbouncer-deps: /usr/sbin/pgbouncer missing and cannot apt-get it (not root?)" >&2; fi

@@ -319,8 +319,10 @@ def test_bounds_at_the_edges_are_accepted() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("on", True), ("TRUE", True), ("yes", True), ("1", True)]
-    + [("off", False), ("False", False), ("no", False), ("0", False)],
+    [
+        *[("on", True), ("TRUE", True), ("yes", True), ("1", True)],
+        *[("off", False), ("False", False), ("no", False), ("0", False)],
+    ],
 )
 def test_prepare_and_listen_are_switches(raw: str, expected: bool) -> None:
     s = Settings.from_env({"DEADMAN_PREPARE": raw, "DEADMAN_LISTEN": raw})
@@ -334,7 +336,7 @@ def test_prepare_and_listen_default_on() -> None:
 
 def test_a_listen_url_with_listening_off_is_refused() -> None:
     """Two settings that contradict each other: one of them is a mistake."""
-    with pytest.raises(ConfigError, match="DEADMAN_LISTEN_URL.*DEADMAN_LISTEN is off"):
+    with pytest.raises(ConfigError, match=r"DEADMAN_LISTEN_URL.*DEADMAN_LISTEN is off"):
         Settings.from_env({"DEADMAN_LISTEN": "off", "DEADMAN_LISTEN_URL": "host=pg"})
 
 
@@ -370,10 +372,12 @@ def test_prepare_off_makes_every_pool_unprepared(
     assert prepare_threshold() == threshold
     pool = sync_pool("host=127.0.0.1 port=1 connect_timeout=1", name="t", min_size=0)
     try:
+        assert isinstance(pool.kwargs, dict)
         assert pool.kwargs["prepare_threshold"] == threshold
     finally:
         pool.close(timeout=0)
     apool = async_pool("host=127.0.0.1 port=1", name="t")
+    assert isinstance(apool.kwargs, dict)
     assert apool.kwargs["prepare_threshold"] == threshold
     # an explicit argument wins over the environment
     assert prepare_threshold(False) is None
