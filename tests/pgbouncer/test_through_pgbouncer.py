@@ -43,6 +43,7 @@ from tests.helpers.processes import (
     wait_state,
 )
 from tests.helpers.worker import SETTINGS, effects, running_worker, wait_terminal
+from tests.pgbouncer.bouncer import Bouncer
 
 #: what every process started here is told (the README's "behind PgBouncer" settings)
 BEHIND: dict[str, str | float | int] = {"DEADMAN_PREPARE": "off", "DEADMAN_LISTEN": "off"}
@@ -188,7 +189,7 @@ def _ready(base: str, exited: int | None) -> bool:
 
 
 def test_migrations_run_through_pgbouncer(
-    empty_db_dsn: str, pgbouncer: Any, _spawner: Spawner
+    empty_db_dsn: str, pgbouncer: Bouncer, _spawner: Spawner
 ) -> None:
     through = pgbouncer.dsn(empty_db_dsn)
     cli = _spawner.start(["migrate", "--database-url", through], "migrate", BEHIND)
