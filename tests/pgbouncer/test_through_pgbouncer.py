@@ -21,6 +21,7 @@ import pytest
 from deadman import Client
 from deadman.config import Settings
 from deadman.db.migrate import latest_version, migrate
+from deadman.db.pool import sync_pool
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.maintenance import Rescuer, RescueReport
@@ -85,6 +86,19 @@ def test_prepared_statements_collide_on_a_shared_server_connection_unless_off(
                 reads()
         else:
             reads()
+
+
+def test_an_explicit_prepare_is_not_prepared_with_prepare_off(single_dsn: str) -> None:
+    """``execute(..., prepare=True)`` follows DEADMAN_PREPARE=off too (psycopg refuses
+    every prepare when the threshold is None): nothing is left on the shared server
+    connection for the other client to collide with."""
+    with sync_pool(single_dsn, name="a", min_size=1) as a, sync_pool(single_dsn, name="b") as b:
+        for _ in range(3):
+            for pool in (a, b):
+                with pool.connection() as conn:
+                    conn.execute("SELECT 1", prepare=True)
+                    left = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+                    assert left == (0,)
 
 
 # ------------------------------------------------------------------ workers
