@@ -7,6 +7,8 @@ submissions with ``Client.enqueue`` to one default worker, marks written by the
 handler's first line), run on one durable cluster in these settings, interleaved:
 
 - ``direct``: no pooler, LISTEN on (the ``deadman`` row of BENCHMARKS.md);
+- ``direct_unprepared``: the same with ``DEADMAN_PREPARE=off``, which tells the cost of
+  planning every statement from the cost of the pooler's hop;
 - ``pgbouncer_listen_url``: worker and client through a throwaway PgBouncer in
   transaction mode (tests/pgbouncer/bouncer.py) with ``DEADMAN_PREPARE=off``, the
   worker's LISTEN straight to Postgres (``DEADMAN_LISTEN_URL``);
@@ -61,6 +63,7 @@ def settings(
     """Row name -> (the DSN worker and client use, their DEADMAN_* settings)."""
     rows: dict[str, tuple[str, dict[str, str]]] = {
         "direct": (direct, {}),
+        "direct_unprepared": (direct, {"DEADMAN_PREPARE": "off"}),
         "pgbouncer_listen_url": (bouncer, {"DEADMAN_PREPARE": "off", "DEADMAN_LISTEN_URL": direct}),
     }
     for poll in polls:
@@ -107,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                     with _env(values):
                         r = dm.latency(dsn, RATE, seconds, work / "marks", work, "sync")
                     row = {k: r.get(k) for k in KEEP} | {"settled": quiet, "env": values}
+                    # a shared 2-core box: what else ran shows in the load average
+                    row["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                     runs.setdefault(name, []).append(row)
                     print(
                         f"rep {rep + 1} {name}: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms,"
-                        f" ok {row['ok']}",
+                        f" ok {row['ok']}, load {row['loadavg_1m_after']}",
                         flush=True,
                     )
         finally:
