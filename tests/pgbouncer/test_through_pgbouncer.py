@@ -21,6 +21,7 @@ import pytest
 from deadman import Client
 from deadman.config import Settings
 from deadman.db.migrate import latest_version, migrate
+from deadman.db.plans import generic_plans
 from deadman.db.pool import sync_pool
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
@@ -93,6 +94,15 @@ def test_prepared_statements_collide_on_a_shared_server_connection_unless_off(
     # client there: session state outlives its client behind a transaction pooler
     with psycopg.connect(single_dsn, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DEALLOCATE ALL")
+
+
+def test_the_generic_plan_option_is_not_sent_with_prepare_off(bouncer_dsn: str) -> None:
+    """The worker's pool asks for generic plans by a startup option (deadman/db/plans.py),
+    which PgBouncer 1.18 refuses outright; it only governs prepared statements, so with
+    DEADMAN_PREPARE=off it is not sent."""
+    assert generic_plans(bouncer_dsn) == bouncer_dsn
+    with pytest.raises(psycopg.OperationalError, match="unsupported startup parameter"):
+        psycopg.connect(generic_plans(bouncer_dsn, prepare=True)).close()
 
 
 def test_an_explicit_prepare_is_not_prepared_with_prepare_off(single_dsn: str) -> None:
