@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in out_rows.items():
         print(f"{name}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, p99.9 {r['p999_ms']} ms")
     print(f"every job exactly once: {data['ok']}; raw: {out}")
+    if data["ok"]:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"the workers' logs: {work}")
     return 0 if data["ok"] else 1
 
 
