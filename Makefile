@@ -44,7 +44,7 @@ fmt: install ## Format and auto-fix lint
 # pytest exits 5 when it collects nothing; that fails the target like any failure.
 # Two pytest-xdist workers (DECISIONS 43), each with its own throwaway cluster.
 TEST_WORKERS ?= 2
-test: check browser-deps ## check, then the whole test suite
+test: check browser-deps pgbouncer-deps ## check, then the whole test suite
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 demo: install ## Start a private Postgres and run the demo
@@ -94,3 +94,12 @@ COMPOSE_TEST_LIMIT_S ?= 1200
 .PHONY: test-compose
 test-compose: install ## Bring up deploy/docker-compose.yml and check it (docker; root installs it)
 	HOST_PYTHON=$(BIN)/python timeout -k 120 $(COMPOSE_TEST_LIMIT_S) deploy/test_compose.sh
+
+# The PgBouncer tests (tests/pgbouncer/) start Debian's pgbouncer in transaction mode in
+# front of the test cluster. Installed only when missing, and only where we can.
+.PHONY: pgbouncer-deps
+pgbouncer-deps: ## Install pgbouncer for the PgBouncer tests (root + apt-get only)
+	@if [ -x /usr/sbin/pgbouncer ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; \
+	else echo "pgbouncer-deps: /usr/sbin/pgbouncer missing and cannot apt-get it (not root?)" >&2; fi

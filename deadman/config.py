@@ -60,6 +60,20 @@ class Settings:
     #: How long a starting worker, rescuer or migrate waits for the database (and its
     #: schema); None: as long as it takes (see deadman/db/startup.py for why).
     startup_wait_s: float | None = None
+    #: Let psycopg prepare statements it runs often (after 5 runs on a connection).
+    #: Off (``DEADMAN_PREPARE=off``): ``prepare_threshold=None`` on every connection,
+    #: which a pooler in transaction mode without protocol-level prepared statements
+    #: (PgBouncer < 1.21) needs: a statement prepared on one server connection is
+    #: missing on the next, and two clients' ``_pg3_0`` collide on a shared one.
+    prepare: bool = True
+    #: LISTEN for wake-ups (new jobs, cancels, ends of waited jobs). Off: polling only,
+    #: every DEADMAN_POLL_S (a worker) and every second (a wait). A pooler in
+    #: transaction mode cannot carry LISTEN: turn it off, or point DEADMAN_LISTEN_URL
+    #: straight at Postgres.
+    listen: bool = True
+    #: Where the listeners connect instead of the database URL (straight to Postgres,
+    #: past the pooler); the same database. Unset: the database URL.
+    listen_url: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,6 +139,13 @@ class Settings:
             _range(self.startup_wait_s, 0, TEN_YEARS_S, "DEADMAN_STARTUP_WAIT_S")
         if self.database_url is not None:
             _check_dsn(self.database_url)
+        if self.listen_url is not None:
+            _check_dsn(self.listen_url, "DEADMAN_LISTEN_URL")
+            _require(
+                self.listen,
+                "DEADMAN_LISTEN_URL",
+                "is set but DEADMAN_LISTEN is off: unset one of them",
+            )
 
     @property
     def lease_margin_s(self) -> float:
@@ -180,11 +201,10 @@ def _check_text(var: str, value: str) -> None:
     _require(len(value) <= 8192, var, "is longer than 8192 characters")
 
 
-def _check_dsn(dsn: str) -> None:
+def _check_dsn(dsn: str, var: str = "DEADMAN_DATABASE_URL (or --database-url)") -> None:
     """A connection string libpq cannot parse (or with a port that is no port) is a
     configuration error now, not a connection that fails, and is waited on, later.
     The message never quotes the value: it may hold a password."""
-    var = "DEADMAN_DATABASE_URL (or --database-url)"
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
@@ -236,6 +256,31 @@ def _wait_limit(raw: str) -> float | None:
     return None if raw.lower() == "forever" else _float(raw)
 
 
+_ON = {"on", "true", "yes", "1"}
+_OFF = {"off", "false", "no", "0"}
+
+
+def _switch(raw: str) -> bool:
+    word = raw.lower()
+    if word not in _ON | _OFF:
+        raise ValueError("not on or off")
+    return word in _ON
+
+
+#: The settings that say how a connection is made (deadman/db/pool.py, the listeners).
+CONNECTION_VARS = ("DEADMAN_PREPARE", "DEADMAN_LISTEN", "DEADMAN_LISTEN_URL")
+
+
+def connection_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """The environment's DEADMAN_PREPARE, DEADMAN_LISTEN and DEADMAN_LISTEN_URL, parsed
+    and checked as :meth:`Settings.from_env` does (every other field at its default):
+    read where a connection is made, so that every connection of a process (pools,
+    clients, the CLI, migrations, listeners) follows them without each caller
+    threading them through."""
+    env = os.environ if environ is None else environ
+    return Settings.from_env({var: env[var] for var in CONNECTION_VARS if var in env})
+
+
 _PARSERS: dict[str, Callable[[str], object]] = {
     "database_url": str,
     "lease_ttl_s": _float,
@@ -259,4 +304,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "log_format": str,
     "log_level": str,
     "startup_wait_s": _wait_limit,
+    "prepare": _switch,
+    "listen": _switch,
+    "listen_url": str,
 }

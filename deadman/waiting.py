@@ -20,6 +20,11 @@ until its timeout.
 
 The flag and the reads go through a pool (the API passes its own: a long-poll holds
 no connection while it waits); only the listener's connection is held.
+
+Behind PgBouncer in transaction mode (which cannot carry a LISTEN) the listener
+connects to ``DEADMAN_LISTEN_URL``, straight to Postgres, when it is set; with
+``DEADMAN_LISTEN=off`` there is no listener and a wait is answered by the polls
+alone: up to ``poll_s`` (1 s) after its job ended.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from deadman import logs
-from deadman.db.pool import async_pool
+from deadman.config import Settings, connection_settings
+from deadman.db.pool import async_pool, prepare_threshold
 from deadman.db.queries import QUERIES
 from deadman.errors import DeadmanError, NotFound
 from deadman.model import Job, JobState
@@ -89,7 +95,9 @@ def _seconds(timeout: float) -> float:
 
 class AsyncWaiter:
     """Waits for jobs to end, on one event loop. ``pool``: run the flag and the reads on
-    it (the API's); by default the waiter opens a small one of its own."""
+    it (the API's); by default the waiter opens a small one of its own. ``settings``:
+    whether and where to listen, and whether to prepare (``listen``, ``listen_url``,
+    ``prepare``; by default the environment's, deadman.config.connection_settings)."""
 
     def __init__(
         self,
@@ -97,12 +105,18 @@ class AsyncWaiter:
         *,
         poll_s: float = POLL_S,
         pool: AsyncConnectionPool[AsyncConn] | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        self._dsn = dsn
+        conn_settings = connection_settings() if settings is None else settings
+        self._dsn = conn_settings.listen_url or dsn
+        self._listens = conn_settings.listen
+        self._prepare = conn_settings.prepare
         self._poll_s = poll_s
         self._own_pool = pool is None
         if pool is None:
-            pool = async_pool(dsn, name="deadman-waiter", min_size=1, max_size=2)
+            pool = async_pool(
+                dsn, name="deadman-waiter", min_size=1, max_size=2, prepare=self._prepare
+            )
         # never retried: a wait's caller decides (the API answers 503, a script retries)
         self._store = WaitStore(pool, retry_s=0)
         self._waits: dict[int, set[asyncio.Future[Job]]] = {}
@@ -130,8 +144,9 @@ class AsyncWaiter:
         answer: asyncio.Future[Job] = loop.create_future()
         self._waits.setdefault(job_id, set()).add(answer)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.connected.wait(), min(seconds, LISTEN_WAIT_S))
+            if self._listens:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.connected.wait(), min(seconds, LISTEN_WAIT_S))
             job = await self._store.job_wait_flag(job_id)
             if job is None:
                 raise NotFound(f"no job {job_id}")
@@ -168,10 +183,11 @@ class AsyncWaiter:
     async def _open(self) -> None:
         if self._own_pool:
             await self._store.open(wait=False)
-        self._tasks = [
-            asyncio.create_task(self._listen_forever(), name="deadman-waiter-listen"),
-            asyncio.create_task(self._check_forever(), name="deadman-waiter-check"),
-        ]
+        self._tasks = [asyncio.create_task(self._check_forever(), name="deadman-waiter-check")]
+        if self._listens:
+            self._tasks.append(
+                asyncio.create_task(self._listen_forever(), name="deadman-waiter-listen")
+            )
 
     def _forget(self, job_id: int, answer: asyncio.Future[Job]) -> None:
         if answer.done() and not answer.cancelled():
@@ -243,7 +259,10 @@ class AsyncWaiter:
 
     async def _listen(self) -> None:
         async with await psycopg.AsyncConnection.connect(
-            self._dsn, autocommit=True, application_name=APPLICATION_NAME
+            self._dsn,
+            autocommit=True,
+            application_name=APPLICATION_NAME,
+            prepare_threshold=prepare_threshold(self._prepare),
         ) as conn:
             await conn.execute(QUERIES["listen_done"])
             self.connected.set()
@@ -263,9 +282,12 @@ class Waiter:
     the two cannot drift apart). Thread-safe: any number of threads may wait at once,
     on one listener connection."""
 
-    def __init__(self, dsn: str, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, dsn: str, *, poll_s: float = POLL_S, settings: Settings | None = None
+    ) -> None:
         self._dsn = dsn
         self._poll_s = poll_s
+        self._settings = settings
         self._lock = threading.Lock()
         self._running: tuple[asyncio.AbstractEventLoop, threading.Thread, AsyncWaiter] | None = None
 
@@ -305,5 +327,9 @@ class Waiter:
                     target=loop.run_forever, name="deadman-waiter", daemon=True
                 )
                 thread.start()
-                self._running = (loop, thread, AsyncWaiter(self._dsn, poll_s=self._poll_s))
+                self._running = (
+                    loop,
+                    thread,
+                    AsyncWaiter(self._dsn, poll_s=self._poll_s, settings=self._settings),
+                )
             return self._running

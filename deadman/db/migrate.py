@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import TupleRow
 
+from deadman.db.pool import prepare_threshold
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, SchemaMismatch
 
@@ -64,12 +65,18 @@ def latest_version() -> int:
     return migs[-1].version if migs else 0
 
 
-def migrate(dsn: str) -> list[int]:
-    """Bring the database up to date. Returns the versions applied by this call."""
+def migrate(dsn: str, *, prepare: bool | None = None) -> list[int]:
+    """Bring the database up to date. Returns the versions applied by this call.
+
+    Safe through PgBouncer in transaction mode: every step is one transaction (the
+    lock is transaction-level, taken again in each), nothing is set for the session,
+    and ``prepare`` (None: DEADMAN_PREPARE) off keeps the lock statement, run once
+    per migration, from being prepared on a server connection the next transaction
+    may not get."""
     migrations = available()
     known = {m.version: m for m in migrations}
     applied_now: list[int] = []
-    with _connect(dsn) as conn:
+    with _connect(dsn, prepare) as conn:
         with conn.transaction():
             conn.execute(QUERIES["migrations_lock"])
             conn.execute(QUERIES["migrations_prepare"])
@@ -125,11 +132,11 @@ def _applied(conn: psycopg.Connection[TupleRow], known: dict[int, Migration]) ->
     return done
 
 
-def _connect(dsn: str) -> psycopg.Connection[TupleRow]:
+def _connect(dsn: str, prepare: bool | None = None) -> psycopg.Connection[TupleRow]:
     """A connection that could not be made is DatabaseUnavailable, not a traceback;
     errors of the migrations themselves stay psycopg's, naming the statement."""
     try:
-        return psycopg.connect(dsn, autocommit=True)
+        return psycopg.connect(dsn, autocommit=True, prepare_threshold=prepare_threshold(prepare))
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(" ".join(str(exc).split())) from exc
 

@@ -11,18 +11,26 @@ whatever the parameters (DECISIONS 25 and 45), so their generic plan is the plan
 Set as a startup option (``-c plan_cache_mode=force_generic_plan``) rather than a
 ``SET``: no session state to leak through a transaction-mode PgBouncer, which drops
 or refuses startup options (see README, PgBouncer); there the statements are not
-prepared at all.
+prepared at all (``DEADMAN_PREPARE=off``), and the option is not sent: the plan
+cache mode only governs prepared statements, and PgBouncer 1.18 (Debian bookworm's)
+refuses every connection that carries it ("unsupported startup parameter: options").
 """
 
 from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from deadman.db.pool import prepare_threshold
+
 GENERIC = "-c plan_cache_mode=force_generic_plan"
 
 
-def generic_plans(dsn: str) -> str:
-    """``dsn`` with the generic-plan option added to any ``options`` it already has."""
+def generic_plans(dsn: str, prepare: bool | None = None) -> str:
+    """``dsn`` with the generic-plan option added to any ``options`` it already has;
+    ``dsn`` as it is when statements are not prepared (``prepare``, None:
+    DEADMAN_PREPARE)."""
+    if prepare_threshold(prepare) is None:
+        return dsn
     params = conninfo_to_dict(dsn)
     current = str(params.get("options") or "").strip()
     if GENERIC in current:

@@ -7,6 +7,15 @@ connections are in autocommit (a single statement commits in its own round trip;
 the multi-statement paths open their own transactions). ``reconnect_timeout``: how
 long psycopg_pool keeps trying to replace a broken connection before it gives the
 slot up (0 would mean: at the first failure); a worker must outlive any outage.
+
+Prepared statements: psycopg prepares a statement once a connection has run it
+``PREPARE_THRESHOLD`` times. ``DEADMAN_PREPARE=off`` (read from the environment here,
+by :func:`prepare_threshold`, so every connection of the process follows it) turns
+that off on every pool and on every connection Deadman opens itself (migrations,
+listeners): what PgBouncer in transaction mode before 1.21 needs, where a prepared
+statement lives on whichever server connection the transaction happened to get.
+With it off, an explicit ``execute(..., prepare=True)`` is not prepared either
+(psycopg answers "no" to every request when the threshold is None).
 """
 
 from __future__ import annotations
@@ -17,10 +26,23 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from deadman.config import connection_settings
+
 AsyncConn = psycopg.AsyncConnection[DictRow]
 
 #: outlive any database outage: a year
 FOREVER_S = 365 * 24 * 3600.0
+#: psycopg's own default: prepare a statement on its fifth run on a connection
+PREPARE_THRESHOLD = 5
+
+
+def prepare_threshold(prepare: bool | None = None) -> int | None:
+    """psycopg's ``prepare_threshold`` for a new connection: None (never prepare)
+    when ``prepare`` is False, or, with ``prepare`` None, when the environment says
+    ``DEADMAN_PREPARE=off``."""
+    if prepare is None:
+        prepare = connection_settings().prepare
+    return PREPARE_THRESHOLD if prepare else None
 
 
 class PoolOptions(TypedDict, total=False):
@@ -41,12 +63,17 @@ SYNC_DEFAULTS = PoolOptions(min_size=1, max_size=4, timeout=30.0, reconnect_time
 
 
 def async_pool(
-    dsn: str, *, name: str, **options: Unpack[PoolOptions]
+    dsn: str, *, name: str, prepare: bool | None = None, **options: Unpack[PoolOptions]
 ) -> AsyncConnectionPool[AsyncConn]:
-    """An async pool, not opened yet (``await pool.open()``)."""
+    """An async pool, not opened yet (``await pool.open()``). ``prepare``: see
+    :func:`prepare_threshold`."""
     return AsyncConnectionPool(
         dsn,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs={
+            "autocommit": True,
+            "row_factory": dict_row,
+            "prepare_threshold": prepare_threshold(prepare),
+        },
         open=False,
         name=name,
         **(ASYNC_DEFAULTS | options),
@@ -54,12 +81,13 @@ def async_pool(
 
 
 def sync_pool(
-    dsn: str, *, name: str, **options: Unpack[PoolOptions]
+    dsn: str, *, name: str, prepare: bool | None = None, **options: Unpack[PoolOptions]
 ) -> ConnectionPool[psycopg.Connection[Any]]:
-    """A sync pool, opened (connections are made in the background)."""
+    """A sync pool, opened (connections are made in the background). ``prepare``: see
+    :func:`prepare_threshold`."""
     return ConnectionPool(
         dsn,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, "prepare_threshold": prepare_threshold(prepare)},
         open=True,
         name=name,
         **(SYNC_DEFAULTS | options),

@@ -6,6 +6,14 @@ Notifications are an accelerator, never the source of truth: if the connection
 drops, the producer's polling still finds every job, and we reconnect in the
 background with backoff.
 
+Behind a pooler in transaction mode (PgBouncer) a LISTEN does not survive its
+statement: the server connection goes back to the pool, and its notifications go to
+whoever gets it next, or nowhere. So the listener connects to ``DEADMAN_LISTEN_URL``
+when it is set (straight to Postgres: one connection per worker process), and with
+``DEADMAN_LISTEN=off`` it does not listen at all: new jobs are found by the
+producer's poll (every ``DEADMAN_POLL_S``) and cancels of running jobs by the next
+heartbeat.
+
 NOTIFY needs no privilege: any role that can connect (the read-only
 ``deadman_reader`` included) can send any text on these channels. So a payload is
 input, parsed strictly; one that means nothing to us is logged (at a bounded rate:
@@ -24,6 +32,8 @@ from collections.abc import Callable, Sequence
 import psycopg
 
 from deadman import logs
+from deadman.config import Settings, connection_settings
+from deadman.db.pool import prepare_threshold
 from deadman.db.queries import QUERIES
 
 log = logs.get("deadman.listener")
@@ -80,8 +90,16 @@ class Listener:
         queues: Sequence[str],
         on_wake: Callable[[], None],
         on_cancel: Callable[[int], None] | None = None,
+        *,
+        settings: Settings | None = None,
     ) -> None:
-        self._dsn = dsn
+        """``dsn``: the database URL; ``settings``: where and whether to listen
+        (``listen``, ``listen_url``, ``prepare``; by default the environment's, see
+        :func:`deadman.config.connection_settings`)."""
+        s = connection_settings() if settings is None else settings
+        self._dsn = s.listen_url or dsn
+        self._enabled = s.listen
+        self._prepare = s.prepare
         self._queues = set(queues)
         self._on_wake = on_wake
         self._on_cancel = on_cancel
@@ -95,6 +113,11 @@ class Listener:
         self._stop.set()
 
     async def run(self) -> None:
+        if not self._enabled:
+            # Returns only at stop(): the worker ends when any of its tasks ends.
+            log.info("listener_off", reason="DEADMAN_LISTEN=off: polling only")
+            await self._stop.wait()
+            return
         delay = 0.1
         while not self._stop.is_set():
             try:
@@ -117,7 +140,9 @@ class Listener:
             delay = min(delay * 2, 5.0)
 
     async def _listen(self) -> None:
-        async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, prepare_threshold=prepare_threshold(self._prepare)
+        ) as conn:
             await conn.execute(QUERIES["listen_jobs"])
             if self._on_cancel is not None:
                 await conn.execute(QUERIES["listen_cancel"])

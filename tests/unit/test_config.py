@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from deadman.config import Settings
+from deadman.config import Settings, connection_settings
+from deadman.db.pool import async_pool, prepare_threshold, sync_pool
 from deadman.errors import ConfigError
 
 
@@ -51,6 +52,9 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_LOG_FORMAT", "json", "json"),
     ("DEADMAN_LOG_LEVEL", "debug", "debug"),
     ("DEADMAN_STARTUP_WAIT_S", "90", 90.0),
+    ("DEADMAN_PREPARE", "off", False),
+    ("DEADMAN_LISTEN", "OFF", False),
+    ("DEADMAN_LISTEN_URL", "postgresql://u@pg:5432/db", "postgresql://u@pg:5432/db"),
 ]
 
 
@@ -209,6 +213,7 @@ STRINGS = {
     "DEADMAN_QUEUES",
     "DEADMAN_LOG_FORMAT",
     "DEADMAN_LOG_LEVEL",
+    "DEADMAN_LISTEN_URL",
 }
 HOSTILE_CASES = [(v, raw) for v in _every_variable() for raw in HOSTILE] + [
     (v, raw) for v in _every_variable() if v not in STRINGS for raw in NOT_NUMBERS
@@ -256,6 +261,20 @@ def test_hostile_values_are_refused_naming_the_variable(var: str, raw: str) -> N
         ("DEADMAN_DATABASE_URL", "host='unterminated"),
         ("DEADMAN_DATABASE_URL", "not a connection string"),
         ("DEADMAN_DATABASE_URL", "postgresql://u@h/" + "d" * 9000),
+        ("DEADMAN_PREPARE", "of"),
+        ("DEADMAN_PREPARE", "disable"),
+        ("DEADMAN_PREPARE", "ON; DROP"),
+        ("DEADMAN_PREPARE", "o\u0301ff"),
+        ("DEADMAN_PREPARE", "\uff4f\uff46\uff46"),  # fullwidth 'off'
+        ("DEADMAN_LISTEN", "2"),
+        ("DEADMAN_LISTEN", "-1"),
+        ("DEADMAN_LISTEN", "offf"),
+        ("DEADMAN_LISTEN", "x" * 5000),
+        ("DEADMAN_LISTEN_URL", "host=db port=99999"),
+        ("DEADMAN_LISTEN_URL", "host='unterminated"),
+        ("DEADMAN_LISTEN_URL", "not a connection string"),
+        ("DEADMAN_LISTEN_URL", "postgresql://u@h/" + "d" * 9000),
+        ("DEADMAN_LISTEN_URL", "postgresql://u:secret@h:0/db"),
     ],
 )
 def test_huge_tiny_and_malformed_values_are_refused(var: str, raw: str) -> None:
@@ -293,3 +312,73 @@ def test_bounds_at_the_edges_are_accepted() -> None:
         }
     )
     assert (s.lease_ttl_s, s.heartbeat_s, s.pool_size) == (86400.0, 0.01, 1000)
+
+
+# ------------------------------------------------------ PgBouncer (issue 17)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        *[("on", True), ("TRUE", True), ("yes", True), ("1", True)],
+        *[("off", False), ("False", False), ("no", False), ("0", False)],
+    ],
+)
+def test_prepare_and_listen_are_switches(raw: str, expected: bool) -> None:
+    s = Settings.from_env({"DEADMAN_PREPARE": raw, "DEADMAN_LISTEN": raw})
+    assert (s.prepare, s.listen) == (expected, expected)
+
+
+def test_prepare_and_listen_default_on() -> None:
+    s = Settings()
+    assert (s.prepare, s.listen, s.listen_url) == (True, True, None)
+
+
+def test_a_listen_url_with_listening_off_is_refused() -> None:
+    """Two settings that contradict each other: one of them is a mistake."""
+    with pytest.raises(ConfigError, match=r"DEADMAN_LISTEN_URL.*DEADMAN_LISTEN is off"):
+        Settings.from_env({"DEADMAN_LISTEN": "off", "DEADMAN_LISTEN_URL": "host=pg"})
+
+
+def test_a_listen_url_error_never_quotes_the_password() -> None:
+    with pytest.raises(ConfigError, match="DEADMAN_LISTEN_URL") as excinfo:
+        Settings.from_env({"DEADMAN_LISTEN_URL": "postgresql://u:hunter2@h:70000/db"})
+    assert "hunter2" not in str(excinfo.value)
+
+
+def test_connection_settings_read_only_their_own_variables() -> None:
+    """What deadman/db/pool.py and the listeners read where a connection is made: the
+    three connection variables, checked, and nothing else of the environment (a bad
+    DEADMAN_CONCURRENCY is the start-up check's business, not every pool's)."""
+    env = {
+        "DEADMAN_PREPARE": "off",
+        "DEADMAN_LISTEN_URL": "host=pg dbname=d",
+        "DEADMAN_CONCURRENCY": "lots",
+    }
+    s = connection_settings(env)
+    assert (s.prepare, s.listen, s.listen_url) == (False, True, "host=pg dbname=d")
+    with pytest.raises(ConfigError, match="DEADMAN_PREPARE"):
+        connection_settings({"DEADMAN_PREPARE": "maybe"})
+
+
+@pytest.mark.parametrize(("raw", "threshold"), [("off", None), ("on", 5), (None, 5)])
+def test_prepare_off_makes_every_pool_unprepared(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, threshold: int | None
+) -> None:
+    if raw is None:
+        monkeypatch.delenv("DEADMAN_PREPARE", raising=False)
+    else:
+        monkeypatch.setenv("DEADMAN_PREPARE", raw)
+    assert prepare_threshold() == threshold
+    pool = sync_pool("host=127.0.0.1 port=1 connect_timeout=1", name="t", min_size=0)
+    try:
+        assert isinstance(pool.kwargs, dict)
+        assert pool.kwargs["prepare_threshold"] == threshold
+    finally:
+        pool.close(timeout=0)
+    apool = async_pool("host=127.0.0.1 port=1", name="t")
+    assert isinstance(apool.kwargs, dict)
+    assert apool.kwargs["prepare_threshold"] == threshold
+    # an explicit argument wins over the environment
+    assert prepare_threshold(False) is None
+    assert prepare_threshold(True) == 5
