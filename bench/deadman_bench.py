@@ -40,6 +40,7 @@ from bench.common import (
     wait_for,
 )
 from deadman import AsyncClient, Client
+from deadman.config import Settings
 from deadman.db.migrate import migrate
 from deadman.db.queries import QUERIES
 
@@ -63,13 +64,17 @@ def truncate(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE deadman.jobs")
 
 
-def bulk_enqueue(dsn: str, n: int) -> float:
-    """Seconds for ``Client.enqueue_many`` of n no-op jobs (building them included)."""
+def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
+    """Seconds for ``Client.enqueue_many`` of n no-op jobs (building them included), in
+    one call, or in calls of ``per_call`` jobs one after another (all of them timed)."""
     truncate(dsn)
+    size = per_call or n
+    ids: list[int] = []
     with Client(dsn) as client:
         client.get(0)  # open the pool outside the timing
         t0 = time.perf_counter()
-        ids = client.enqueue_many(client.job("noop") for _ in range(n))
+        for start in range(0, n, size):
+            ids += client.enqueue_many(client.job("noop") for _ in range(min(size, n - start)))
         elapsed = time.perf_counter() - t0
     if len(ids) != n or _count(dsn, "SELECT count(*) FROM deadman.jobs") != n:
         raise AssertionError(f"deadman enqueue_many stored {len(ids)} of {n} jobs")
@@ -83,11 +88,25 @@ def _count(dsn: str, query: str) -> int:
 
 
 def _worker(
-    dsn: str, processes: int, concurrency: int, log: Path, env: dict[str, str] | None = None
+    dsn: str,
+    processes: int,
+    concurrency: int | None,
+    log: Path,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """``deadman worker``; ``concurrency=None`` passes no ``--concurrency`` flag, so the
+    worker runs at the library's default (what a user who sets nothing gets)."""
     argv = [PY, "-m", "deadman", "worker", "--database-url", dsn, "--app", APP]
-    argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+    argv += ["--processes", str(processes)]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
     return spawn(argv, log, {**DEFAULTS, **(env or {})})
+
+
+def default_concurrency() -> int:
+    """The concurrency a ``deadman worker`` without ``--concurrency`` runs at, read from
+    the code being measured (``Settings``), never assumed."""
+    return Settings().concurrency
 
 
 def _wait_workers(dsn: str, n: int) -> None:
@@ -127,7 +146,7 @@ def burn_down(
     dsn: str,
     n: int,
     processes: int,
-    concurrency: int,
+    concurrency: int | None,
     logdir: Path,
     profile: Path | None = None,
     async_worker_commit: bool = False,
@@ -135,12 +154,14 @@ def burn_down(
 ) -> dict[str, Any]:
     """Start warm workers on an empty queue, commit n no-op jobs in one COPY, and time
     from that commit to the last job's finished_at (database clock, same machine).
-    ``limit_key``: every job carries it (bench/limits_cost.py sets its limit)."""
+    ``limit_key``: every job carries it (bench/limits_cost.py sets its limit).
+    ``concurrency=None``: the worker gets no ``--concurrency`` flag (the default)."""
     truncate(dsn)
     worker_dsn = f"{dsn}?{ASYNC_WORKER_COMMIT}" if async_worker_commit else dsn
     tag = "-async" if async_worker_commit else ""
+    label = "default" if concurrency is None else str(concurrency)
     proc = _worker(
-        worker_dsn, processes, concurrency, logdir / f"deadman-p{processes}c{concurrency}{tag}.log"
+        worker_dsn, processes, concurrency, logdir / f"deadman-p{processes}c{label}{tag}.log"
     )
     spy: subprocess.Popen[bytes] | None = None
     waits = WaitSampler(dsn)
@@ -173,7 +194,8 @@ def burn_down(
         stop(proc)
     result: dict[str, Any] = {
         "processes": processes,
-        "concurrency": concurrency,
+        "concurrency": default_concurrency() if concurrency is None else concurrency,
+        "concurrency_flag": concurrency is not None,
         "async_worker_commit": async_worker_commit,
         "n": n,
         "seconds": round(t1 - t0, 4),

@@ -30,7 +30,7 @@ from typing import Any
 
 import deadman
 from bench import deadman_bench as dm
-from bench import http_submit, retention, scale
+from bench import http_submit, pgbench_ceiling, retention, scale
 from bench.common import (
     ROOT,
     code_fingerprint,
@@ -79,6 +79,14 @@ class Plan:
     retention_workers: int
     retention_every_s: float
     retention_hold: tuple[float, float]  # transaction held open from, to (s)
+    # Issue 16's shapes: one process per system, at each system's defaults and at
+    # these concurrencies (Deadman --concurrency, pgqueuer's entrypoint
+    # concurrency_limit, procrastinate's concurrency); burn_n jobs (procrastinate_n).
+    shape_concurrency: tuple[int, ...] = (1, 8)
+    bulk_per_call: int = 1_000  # bulk_n jobs again, in calls of this many
+    ceiling_s: float = 10.0  # seconds per pgbench run
+    ceiling_clients: tuple[int, ...] = (2, 4, 8)
+    ceiling_batch: int = 100  # jobs per insert, claim and finish in the pgbench script
 
 
 QUICK = Plan(
@@ -105,6 +113,8 @@ QUICK = Plan(
     retention_workers=2,
     retention_every_s=5,
     retention_hold=(20, 40),
+    ceiling_s=3.0,
+    ceiling_clients=(4,),
 )
 FULL = Plan(
     mode="full",
@@ -156,33 +166,45 @@ MODULES: dict[str, Any] = {"deadman": dm, "pgqueuer": pgq, "procrastinate": pro}
 
 def bulk(plan: Plan, dsns: dict[str, str]) -> dict[str, Any]:
     """Reps interleaved across systems (A B C A B C ...): this machine's commit latency
-    drifts, and interleaving spreads a slow spell over every system alike."""
-    secs: dict[str, list[float]] = {name: [] for name in MODULES}
-    errors: dict[str, str] = {}
+    drifts, and interleaving spreads a slow spell over every system alike. Each rep
+    runs every system twice: ``bulk_n`` jobs in one call (``out[name]``), then in
+    calls of ``bulk_per_call`` (``out["in_calls"][name]``), every call timed."""
+    sizes = {"one": None, "calls": plan.bulk_per_call}
+    secs: dict[tuple[str, str], list[float]] = {(n, k): [] for n in MODULES for k in sizes}
+    errors: dict[tuple[str, str], str] = {}
     reset_pg_stats(dsns["deadman"])  # resets every database's statements
     for _ in range(plan.reps):
         for name, mod in MODULES.items():
-            if name in errors:
-                continue
-            try:
-                secs[name].append(mod.bulk_enqueue(dsns[name], plan.bulk_n))
-            except Exception as exc:
-                traceback.print_exc()
-                errors[name] = f"{name} bulk: {exc!r}"
-    out: dict[str, Any] = {}
+            for kind, per_call in sizes.items():
+                if (name, kind) in errors:
+                    continue
+                try:
+                    secs[(name, kind)].append(mod.bulk_enqueue(dsns[name], plan.bulk_n, per_call))
+                except Exception as exc:
+                    traceback.print_exc()
+                    errors[(name, kind)] = f"{name} bulk ({kind}): {exc!r}"
+    out: dict[str, Any] = {"in_calls": {}}
     for name in MODULES:
-        if name in errors:
-            out[name] = {"ok": False, "error": errors[name]}
-            continue
-        out[name] = {
-            "path": BULK_PATHS[name],
-            "n": plan.bulk_n,
-            "seconds": [round(x, 4) for x in secs[name]],
-            "jobs_per_s": round(plan.bulk_n / median(secs[name]), 1),
-            "ok": True,
-            "top_statements": top_statements(dsns[name], 4),
-        }
-        log(f"bulk {name}: {out[name]['jobs_per_s']} jobs/s {out[name]['seconds']}")
+        for kind, per_call in sizes.items():
+            key = (name, kind)
+            if key in errors:
+                res: dict[str, Any] = {"ok": False, "error": errors[key]}
+            else:
+                res = {
+                    "path": BULK_PATHS[name],
+                    "n": plan.bulk_n,
+                    "per_call": per_call or plan.bulk_n,
+                    "seconds": [round(x, 4) for x in secs[key]],
+                    "jobs_per_s": round(plan.bulk_n / median(secs[key]), 1),
+                    "ok": True,
+                }
+                log(f"bulk {name} ({kind}): {res['jobs_per_s']} jobs/s {res['seconds']}")
+            if kind == "one":
+                out[name] = res
+            else:
+                out["in_calls"][name] = res
+        if out[name].get("ok"):  # both sizes' statements, over all reps
+            out[name]["top_statements"] = top_statements(dsns[name], 4)
     return out
 
 
@@ -190,6 +212,37 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = all(r.get("verify", {}).get("ok") for r in runs)
     mid = sorted(runs, key=lambda r: r["jobs_per_s"])[len(runs) // 2]
     return {**mid, "ok": ok, "reps": [r["jobs_per_s"] for r in runs], "runs": runs}
+
+
+def interleaved(
+    reps: int, cases: list[tuple[str, Callable[[], dict[str, Any]]]]
+) -> list[dict[str, Any]]:
+    """Every case once per rep, reps interleaved (A B C A B C ...; see bulk); per case
+    the median run (``_median_run``), or ``{"ok": False, "error": ...}`` with the reps
+    before a failure kept. A case that fails is not run again."""
+    runs: dict[int, list[dict[str, Any]]] = {k: [] for k in range(len(cases))}
+    errors: dict[int, str] = {}
+    for rep in range(reps):
+        for k, (label, fn) in enumerate(cases):
+            if k in errors:
+                continue
+            try:
+                r = fn()
+                runs[k].append(r)
+                log(
+                    f"burn rep {rep + 1} {label}: {r['jobs_per_s']} jobs/s "
+                    f"verified={r['verify']['ok']}"
+                )
+            except Exception as exc:
+                traceback.print_exc()
+                errors[k] = f"{label}: {exc!r}"
+    out = []
+    for k in range(len(cases)):
+        res: dict[str, Any] = _median_run(runs[k]) if runs[k] else {}
+        if k in errors:  # the reps before the failure stay visible, the setting fails
+            res.update(ok=False, error=errors[k])
+        out.append(res)
+    return out
 
 
 def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[str, Any]:
@@ -224,27 +277,10 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
                 ),
             )
         )
-    runs: dict[int, list[dict[str, Any]]] = {k: [] for k in range(len(cases))}
-    errors: dict[int, str] = {}
-    for rep in range(plan.reps):
-        for k, (name, p, x, fn) in enumerate(cases):
-            if k in errors:
-                continue
-            try:
-                r = fn()
-                runs[k].append(r)
-                log(
-                    f"burn rep {rep + 1} {name} P={p} {x}: {r['jobs_per_s']} jobs/s "
-                    f"verified={r['verify']['ok']}"
-                )
-            except Exception as exc:
-                traceback.print_exc()
-                errors[k] = f"{name} P={p} {x}: {exc!r}"
+    results = interleaved(plan.reps, [(f"{name} P={p} {x}", fn) for name, p, x, fn in cases])
     out: dict[str, Any] = {"deadman": [], "pgqueuer": [], "procrastinate": []}
-    for k, (name, p, x, _) in enumerate(cases):
-        res: dict[str, Any] = _median_run(runs[k]) if runs[k] else {"processes": p}
-        if k in errors:  # the reps before the failure stay visible, the setting fails
-            res.update(ok=False, error=errors[k])
+    for (name, p, x, _), res in zip(cases, results, strict=True):
+        res.setdefault("processes", p)
         if name == "deadman":
             res.setdefault("concurrency", x)
         else:
@@ -272,7 +308,75 @@ def burn(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[st
     return out
 
 
-_DEADMAN_WORKER = "1 worker process, concurrency 10 (default)"
+SHAPE_SYSTEMS = ("deadman", "pgqueuer", "procrastinate")
+
+
+def shape_names(plan: Plan) -> list[tuple[str, int | None]]:
+    """('defaults', None), then ('concurrency_N', N) for each of the plan's."""
+    return [("defaults", None), *((f"concurrency_{c}", c) for c in plan.shape_concurrency)]
+
+
+def shapes(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[str, Any]:
+    """Issue 16's shapes, one process each: every system at its library defaults (no
+    concurrency option at all: Deadman's from ``Settings``, whatever this revision
+    says), then at each of ``plan.shape_concurrency``; every case once per rep, reps
+    interleaved, every run verified exactly once. ``out[shape][system]``."""
+    if "DEADMAN_CONCURRENCY" in os.environ:  # the worker would read it: not the default
+        raise RuntimeError("unset DEADMAN_CONCURRENCY: the defaults shape measures the default")
+    cases: list[tuple[str, str, Callable[[], dict[str, Any]]]] = []
+    for shape, c in shape_names(plan):
+        cases += [
+            (shape, "deadman", partial(dm.burn_down, dsns["deadman"], plan.burn_n, 1, c, logdir)),
+            (
+                shape,
+                "pgqueuer",
+                partial(
+                    pgq.burn_down,
+                    dsns["pgqueuer"],
+                    plan.burn_n,
+                    1,
+                    None,  # run()'s default batch_size
+                    logdir,
+                    ready,
+                    concurrency_limit=c,
+                ),
+            ),
+            (
+                shape,
+                "procrastinate",
+                partial(
+                    pro.burn_down, dsns["procrastinate"], plan.procrastinate_n, 1, c, logdir, ready
+                ),
+            ),
+        ]
+    results = interleaved(plan.reps, [(f"{shape} {name}", fn) for shape, name, fn in cases])
+    out: dict[str, Any] = {
+        "defaults_read": {
+            "deadman_concurrency": dm.default_concurrency(),
+            "pgqueuer_batch_size": pgq.DEFAULT_BATCH,
+            "pgqueuer_concurrency_limit": pgq.DEFAULT_LIMIT,
+            "procrastinate_concurrency": pro.DEFAULT_CONCURRENCY,
+        }
+    }
+    for (shape, name, _), res in zip(cases, results, strict=True):
+        out.setdefault(shape, {})[name] = res
+    return out
+
+
+def ceiling(plan: Plan, cluster: Any) -> dict[str, Any]:
+    """The pgbench batched lifecycle ceiling on this run's cluster (bench.pgbench_ceiling)."""
+    return pgbench_ceiling.run(
+        create_database(cluster, "bench_pgbench"),
+        seconds=plan.ceiling_s,
+        clients=plan.ceiling_clients,
+        batch=plan.ceiling_batch,
+        log=log,
+    )
+
+
+_DEADMAN_WORKER = "1 worker process, concurrency 10" + (
+    " (default)" if dm.default_concurrency() == 10 else ""
+)
 LATENCY_SETTINGS = {
     "deadman": f"{_DEADMAN_WORKER}, Client.enqueue",
     "deadman_async": f"{_DEADMAN_WORKER}, AsyncClient.enqueue",
@@ -391,7 +495,18 @@ def profile(plan: Plan, dsn: str, work: Path, logdir: Path) -> dict[str, Any]:
     return out
 
 
-PHASES = ("bulk", "burn", "latency", "rescue", "profile", "http", "scale", "retention")
+PHASES = (
+    "bulk",
+    "burn",
+    "shapes",
+    "ceiling",
+    "latency",
+    "rescue",
+    "profile",
+    "http",
+    "scale",
+    "retention",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -479,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cluster up: {data['machine']['postgres']} {data['machine']['pg_settings']}")
         phase("bulk", lambda: bulk(plan, dsns))
         phase("burn", lambda: burn(plan, dsns, logdir, work / "ready"))
+        phase("shapes", lambda: guarded("shapes", lambda: shapes(plan, dsns, logdir, work / "ready")))
+        phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
         phase("latency", lambda: latency(plan, dsns, work, logdir))
         phase(
             "rescue",
@@ -587,10 +704,24 @@ def _at_revision(rev: str, argv: list[str], out_path: Path, render: bool) -> int
 
 def _failures(data: dict[str, Any]) -> list[str]:
     bad = []
-    for section in ("bulk", "latency"):
-        for name, r in data.get(section, {}).items():
-            if not r.get("ok"):
-                bad.append(f"{section} {name}: {r.get('error') or r.get('verify')}")
+    bulk = data.get("bulk", {})
+    rows = [(name, r) for name, r in bulk.items() if name != "in_calls"]
+    rows += [(f"{name} in calls", r) for name, r in bulk.get("in_calls", {}).items()]
+    rows += [(f"latency {name}", r) for name, r in data.get("latency", {}).items()]
+    for name, r in rows:
+        if not r.get("ok"):
+            label = name if name.startswith("latency") else f"bulk {name}"
+            bad.append(f"{label}: {r.get('error') or r.get('verify')}")
+    sh = data.get("shapes")
+    if sh is not None:
+        if "error" in sh:
+            bad.append(f"shapes: {sh['error']}")
+        for shape, systems in sh.items():
+            if shape in ("defaults_read", "ok", "error"):
+                continue
+            for name, r in systems.items():
+                if not r.get("ok"):
+                    bad.append(f"shapes {shape} {name}: {r.get('error') or 'verification failed'}")
     for name, runs in data.get("burn", {}).items():
         for r in runs if isinstance(runs, list) else [runs]:
             if not r.get("ok"):
@@ -598,7 +729,7 @@ def _failures(data: dict[str, Any]) -> list[str]:
                     f"burn {name} {r.get('setting') or r.get('concurrency')}: "
                     f"{r.get('error') or 'verification failed'}"
                 )
-    for section in ("rescue", "profile", "scale", "retention"):
+    for section in ("ceiling", "rescue", "profile", "scale", "retention"):
         if section in data and not data[section].get("ok"):
             bad.append(f"{section}: {data[section].get('error') or data[section].get('verify')}")
     http = data.get("http")

@@ -34,8 +34,11 @@ attempt row, 'succeeded' (bench.deadman_bench.verify); anything else fails.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from typing import Any
 import psycopg
 
 from bench import deadman_bench as dm
-from bench.common import pct, stop, wait_for
+from bench.common import create_database, durable_cluster, pct, stop, wait_for
 from deadman import Client
 from deadman.config import Settings
 from deadman.db.queries import QUERIES
@@ -58,7 +61,8 @@ SIZES = """
 SELECT c.relname::text AS rel,
        pg_relation_size(c.oid) AS heap_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
-       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count
+       s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count,
+       extract(epoch FROM now() - s.last_autovacuum)::float8 AS last_autovacuum_age_s
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid IN ('deadman.jobs'::regclass, 'deadman.attempts'::regclass)
 """
@@ -68,8 +72,9 @@ def sizes(dsn: str) -> dict[str, Any]:
     """Sizes and tuple counts of deadman.jobs and deadman.attempts, and job states."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         out: dict[str, Any] = {}
-        for rel, heap, idx, live, dead, av, vac in conn.execute(SIZES).fetchall():
+        for rel, heap, idx, live, dead, av, vac, av_age in conn.execute(SIZES).fetchall():
             out[rel] = {
+                "last_autovacuum_age_s": None if av_age is None else round(av_age, 1),
                 "heap_bytes": int(heap),
                 "index_bytes": int(idx),
                 "n_live_tup": int(live),
@@ -296,3 +301,57 @@ def run(
         "verify": verify,
         "ok": bool(verify["ok"]),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The scale phase alone, on its own private durable cluster (what bench.run's
+    scale phase does, with the counts given here)."""
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=main.__doc__)
+    ap.add_argument("--n", type=int, default=1_000_000, help="jobs queued, then run")
+    ap.add_argument("--samples", type=int, default=1_000, help="timed claims per point")
+    ap.add_argument("--timeout", type=float, default=900.0, help="bound on running the n jobs")
+    ap.add_argument("--out", help="write the raw JSON here")
+    ap.add_argument(
+        "--autovacuum-naptime",
+        type=int,
+        help="seconds; ALTER SYSTEM on the private cluster first (a server setting, to "
+        "compare with; bench.run never sets it)",
+    )
+    args = ap.parse_args(argv)
+    if args.n < 1 or args.samples < 1:
+        ap.error("--n and --samples must be at least 1")
+    if args.autovacuum_naptime is not None and not 1 <= args.autovacuum_naptime <= 3600:
+        ap.error("--autovacuum-naptime must be 1 to 3600 seconds")
+    logdir = Path(args.out).with_suffix("") if args.out else Path("/tmp")
+    logdir.mkdir(parents=True, exist_ok=True)
+    with durable_cluster() as cluster:
+        if args.autovacuum_naptime is not None:
+            with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+                conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = {args.autovacuum_naptime:d}")
+                conn.execute("SELECT pg_reload_conf()")
+        res = run(
+            create_database(cluster, "bench_scale"),
+            create_database(cluster, "bench_scale_control"),
+            args.n,
+            args.samples,
+            logdir,
+            burn_timeout_s=args.timeout,
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+    for name in POINTS:
+        p = res["points"][name]
+        jobs = p["sizes"].get("jobs", {})
+        print(
+            f"{name:<20} p50 {p['p50_ms']:.2f} ms ({p['p50_ratio']}x) p99 {p['p99_ms']:.2f} ms "
+            f"({p['p99_ratio']}x) server {p['explain']['execution_ms_median']:.3f} ms, "
+            f"{p['explain']['shared_buffers_median']} pages; dead {jobs.get('n_dead_tup')}, "
+            f"autovacuums {jobs.get('autovacuum_count')}, last "
+            f"{jobs.get('last_autovacuum_age_s')} s ago"
+        )
+    print(f"run {res['run_s']} s ({res['run_jobs_per_s']} jobs/s); verified {res['ok']}")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

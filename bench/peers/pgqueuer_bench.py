@@ -1,8 +1,10 @@
 """pgqueuer under the same benchmarks, through its own documented API.
 
 - Bulk enqueue: ``Queries.enqueue`` with lists (one UNNEST insert), its batch path.
-- Workers: ``QueueManager.run(batch_size=B, max_concurrent_tasks=None)`` over one
-  asyncpg connection, as in pgqueuer's README; no concurrency limit.
+- Workers: ``QueueManager.run(batch_size=B)`` over one asyncpg connection, as in
+  pgqueuer's README; no concurrency limit (``max_concurrent_tasks`` None, the
+  entrypoint's ``concurrency_limit`` 0), or the entrypoint's ``concurrency_limit=N``
+  for the concurrency-N shapes; with no options at all for the defaults shape.
 - Tables installed with the default durability (``durable``: all tables logged).
 - Verification: the queue table is empty and ``pgqueuer_log`` holds exactly one
   'successful' row per enqueued job id (pgqueuer deletes a finished job and logs it).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +50,16 @@ from bench.common import (
 NAME = "pgqueuer"
 
 
+def _default(fn: Any, name: str) -> Any:
+    return inspect.signature(fn).parameters[name].default
+
+
+# pgqueuer's own defaults, read from the installed version (not assumed): run()'s
+# batch_size, and an entrypoint's concurrency_limit (0: unlimited).
+DEFAULT_BATCH: int = _default(QueueManager.run, "batch_size")
+DEFAULT_LIMIT: int = _default(QueueManager.entrypoint, "concurrency_limit")
+
+
 def setup(dsn: str) -> None:
     async def main() -> None:
         conn = await asyncpg.connect(dsn)
@@ -70,15 +83,21 @@ def _count(dsn: str, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-def bulk_enqueue(dsn: str, n: int) -> float:
+def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
+    """Seconds for ``Queries.enqueue`` of n jobs, in one call or in calls of
+    ``per_call`` jobs one after another (all of them timed)."""
     truncate(dsn)
+    size = per_call or n
 
     async def main() -> float:
         conn = await asyncpg.connect(dsn)
         try:
             queries = Queries(AsyncpgDriver(conn))
+            ids: list[Any] = []
             t0 = time.perf_counter()
-            ids = await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            for start in range(0, n, size):
+                k = min(size, n - start)
+                ids += await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
             elapsed = time.perf_counter() - t0
         finally:
             await conn.close()
@@ -108,26 +127,26 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
 
 
 def _workers(
-    dsn: str, processes: int, batch: int, logdir: Path, ready: Path, env: dict[str, str]
+    dsn: str,
+    processes: int,
+    batch: int | None,
+    logdir: Path,
+    ready: Path,
+    env: dict[str, str],
+    concurrency_limit: int | None = None,
 ) -> list[Any]:
+    """``batch=None``: ``run()`` without batch_size; ``concurrency_limit``: the noop
+    entrypoint's limit (None: the decorator's default)."""
     clean_dir(ready)
+    argv = [PY, "-m", "bench.peers.pgqueuer_bench", "worker", dsn, "--ready-dir", str(ready)]
+    if batch is not None:
+        argv += ["--batch-size", str(batch)]
+    if concurrency_limit is not None:
+        argv += ["--concurrency-limit", str(concurrency_limit)]
+    tag = f"b{batch if batch is not None else 'default'}"
+    tag += f"l{concurrency_limit}" if concurrency_limit is not None else ""
     procs = [
-        spawn(
-            [
-                PY,
-                "-m",
-                "bench.peers.pgqueuer_bench",
-                "worker",
-                dsn,
-                "--batch-size",
-                str(batch),
-                "--ready-dir",
-                str(ready),
-            ],
-            logdir / f"pgqueuer-p{processes}b{batch}.log",
-            env,
-        )
-        for _ in range(processes)
+        spawn(argv, logdir / f"pgqueuer-p{processes}{tag}.log", env) for _ in range(processes)
     ]
     wait_ready_files(ready, processes)
     time.sleep(1.0)  # run() sets up LISTEN after the ready mark
@@ -135,10 +154,17 @@ def _workers(
 
 
 def burn_down(
-    dsn: str, n: int, processes: int, batch: int, logdir: Path, ready: Path
+    dsn: str,
+    n: int,
+    processes: int,
+    batch: int | None,
+    logdir: Path,
+    ready: Path,
+    concurrency_limit: int | None = None,
 ) -> dict[str, Any]:
+    """``batch=None`` and ``concurrency_limit=None``: pgqueuer's own defaults."""
     truncate(dsn)
-    procs = _workers(dsn, processes, batch, logdir, ready, {})
+    procs = _workers(dsn, processes, batch, logdir, ready, {}, concurrency_limit)
     try:
 
         async def enqueue() -> None:
@@ -164,10 +190,16 @@ def burn_down(
     finally:
         for p in procs:
             stop(p)
+    limit = (
+        "no concurrency limit"
+        if not concurrency_limit
+        else f"entrypoint concurrency_limit={concurrency_limit}"
+    )
     return {
-        "setting": f"{processes} proc, batch_size={batch}, no concurrency limit",
+        "setting": f"{processes} proc, batch_size={batch or DEFAULT_BATCH}, {limit}",
         "processes": processes,
-        "batch_size": batch,
+        "batch_size": batch or DEFAULT_BATCH,
+        "concurrency_limit": concurrency_limit or DEFAULT_LIMIT,
         "n": n,
         "seconds": round(t1 - t0, 4),
         "jobs_per_s": round(n / (t1 - t0), 1),
@@ -218,11 +250,15 @@ def latency(
 # --------------------------------------------------------------------------- worker
 
 
-async def _worker_main(dsn: str, batch_size: int, ready_dir: str | None) -> None:
+async def _worker_main(
+    dsn: str, batch_size: int | None, concurrency_limit: int | None, ready_dir: str | None
+) -> None:
+    """Only what was given is passed: without options, pgqueuer's defaults."""
     conn = await asyncpg.connect(dsn)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    limit = {} if concurrency_limit is None else {"concurrency_limit": concurrency_limit}
 
-    @qm.entrypoint("noop")
+    @qm.entrypoint("noop", **limit)
     async def noop(job: Job) -> None:
         return None
 
@@ -236,7 +272,7 @@ async def _worker_main(dsn: str, batch_size: int, ready_dir: str | None) -> None
         loop.add_signal_handler(sig, qm.shutdown.set)
     mark_ready(ready_dir)
     try:
-        await qm.run(batch_size=batch_size, max_concurrent_tasks=None)
+        await qm.run(**({} if batch_size is None else {"batch_size": batch_size}))
     finally:
         await conn.close()
 
@@ -245,10 +281,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["worker"])
     p.add_argument("dsn")
-    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--batch-size", type=int, help="QueueManager.run batch_size (default: its)")
+    p.add_argument(
+        "--concurrency-limit", type=int, help="the noop entrypoint's limit (default: its)"
+    )
     p.add_argument("--ready-dir")
     args = p.parse_args()
-    asyncio.run(_worker_main(args.dsn, args.batch_size, args.ready_dir))
+    asyncio.run(_worker_main(args.dsn, args.batch_size, args.concurrency_limit, args.ready_dir))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any
 
 import procrastinate
 import psycopg
+from procrastinate.worker import WORKER_CONCURRENCY
 
 from bench.common import (
     PY,
@@ -40,6 +41,8 @@ from bench.common import (
 
 NAME = "procrastinate"
 POLLING = float(os.environ.get("BENCH_PRO_POLLING", "5.0"))
+# procrastinate's own default, read from the installed version (not assumed).
+DEFAULT_CONCURRENCY: int = WORKER_CONCURRENCY
 
 
 def make_app(dsn: str) -> procrastinate.App:
@@ -80,22 +83,27 @@ def _count(dsn: str, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def _defer_many(dsn: str, n: int) -> float:
+async def _defer_many(dsn: str, n: int, per_call: int | None = None) -> float:
+    """Seconds for ``batch_defer_async`` of n jobs, in one call or in calls of
+    ``per_call`` jobs one after another (all of them timed)."""
+    size = per_call or n
     app = make_app(dsn)
     async with app.open_async():
         task = app.tasks["noop"]
         await app.connector.execute_query_async("SELECT 1")  # warm the pool
+        ids: list[int] = []
         t0 = time.perf_counter()
-        ids = await task.batch_defer_async(*({} for _ in range(n)))
+        for start in range(0, n, size):
+            ids += await task.batch_defer_async(*({} for _ in range(min(size, n - start))))
         elapsed = time.perf_counter() - t0
     if len(ids) != n:
         raise AssertionError(f"procrastinate stored {len(ids)} of {n}")
     return elapsed
 
 
-def bulk_enqueue(dsn: str, n: int) -> float:
+def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
     truncate(dsn)
-    elapsed = asyncio.run(_defer_many(dsn, n))
+    elapsed = asyncio.run(_defer_many(dsn, n, per_call))
     if _count(dsn, "SELECT count(*) FROM procrastinate_jobs") != n:
         raise AssertionError("procrastinate enqueue lost jobs")
     return elapsed
@@ -120,27 +128,21 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
 
 
 def _workers(
-    dsn: str, processes: int, concurrency: int, logdir: Path, ready: Path, env: dict[str, str]
+    dsn: str,
+    processes: int,
+    concurrency: int | None,
+    logdir: Path,
+    ready: Path,
+    env: dict[str, str],
 ) -> list[Any]:
+    """``concurrency=None``: ``run_worker_async`` with no options (its defaults)."""
     clean_dir(ready)
+    argv = [PY, "-m", "bench.peers.procrastinate_bench", "worker", dsn, "--ready-dir", str(ready)]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency), "--polling", str(POLLING)]
+    label = "default" if concurrency is None else str(concurrency)
     procs = [
-        spawn(
-            [
-                PY,
-                "-m",
-                "bench.peers.procrastinate_bench",
-                "worker",
-                dsn,
-                "--concurrency",
-                str(concurrency),
-                "--polling",
-                str(POLLING),
-                "--ready-dir",
-                str(ready),
-            ],
-            logdir / f"procrastinate-p{processes}c{concurrency}.log",
-            env,
-        )
+        spawn(argv, logdir / f"procrastinate-p{processes}c{label}.log", env)
         for _ in range(processes)
     ]
     wait_ready_files(ready, processes)
@@ -149,8 +151,9 @@ def _workers(
 
 
 def burn_down(
-    dsn: str, n: int, processes: int, concurrency: int, logdir: Path, ready: Path
+    dsn: str, n: int, processes: int, concurrency: int | None, logdir: Path, ready: Path
 ) -> dict[str, Any]:
+    """``concurrency=None``: procrastinate's defaults (no worker options)."""
     truncate(dsn)
     procs = _workers(dsn, processes, concurrency, logdir, ready, {})
     try:
@@ -170,10 +173,11 @@ def burn_down(
     finally:
         for p in procs:
             stop(p)
+    conc = DEFAULT_CONCURRENCY if concurrency is None else concurrency
     return {
-        "setting": f"{processes} proc, concurrency={concurrency}",
+        "setting": f"{processes} proc, concurrency={conc}",
         "processes": processes,
-        "concurrency": concurrency,
+        "concurrency": conc,
         "n": n,
         "seconds": round(t1 - t0, 4),
         "jobs_per_s": round(n / (t1 - t0), 1),
@@ -223,21 +227,27 @@ def latency(
 # --------------------------------------------------------------------------- worker
 
 
-async def _worker_main(dsn: str, concurrency: int, polling: float, ready_dir: str | None) -> None:
+async def _worker_main(
+    dsn: str, concurrency: int | None, polling: float | None, ready_dir: str | None
+) -> None:
+    """Only what was given is passed: without options, procrastinate's defaults."""
     app = make_app(dsn)
+    options: dict[str, Any] = {}
+    if concurrency is not None:
+        options["concurrency"] = concurrency
+    if polling is not None:
+        options["fetch_job_polling_interval"] = polling
     async with app.open_async():
         mark_ready(ready_dir)
-        await app.run_worker_async(
-            concurrency=concurrency, wait=True, fetch_job_polling_interval=polling
-        )
+        await app.run_worker_async(**options)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["worker"])
     p.add_argument("dsn")
-    p.add_argument("--concurrency", type=int, default=1)
-    p.add_argument("--polling", type=float, default=5.0, help="fetch_job_polling_interval")
+    p.add_argument("--concurrency", type=int, help="run_worker_async concurrency (default: its)")
+    p.add_argument("--polling", type=float, help="fetch_job_polling_interval (default: its)")
     p.add_argument("--ready-dir")
     args = p.parse_args()
     asyncio.run(_worker_main(args.dsn, args.concurrency, args.polling, args.ready_dir))
