@@ -16,14 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import plot
+from bench.targets import _deadman_label, _ok_rate, best_burn, targets_16
+from bench.targets import fmt as _f
 
 PEERS = ("pgqueuer", "procrastinate")
-
-
-def _f(v: Any, digits: int = 0) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:,.{digits}f}"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -144,8 +140,11 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
             "machine before quoting absolutes.\n"
         )
     _summary(data, w)
+    _targets_16(data, w)
     _bulk(data, w)
     _burn(data, w, plots, md_path)
+    _shapes(data, w)
+    _ceiling(data, w)
     _latency(data, w, plots, md_path)
     _latency_runs(w, md_path)
     _rescue(data, w)
@@ -263,23 +262,33 @@ def _bulk(data: dict[str, Any], w: Any) -> None:
     w("## Bulk enqueue\n")
     peers = [bulk[p]["jobs_per_s"] for p in PEERS if bulk.get(p, {}).get("ok")]
     best = max(peers) if peers else None
-    w("| system | path | jobs/s (median) | seconds per rep | vs best peer |")
-    w("|---|---|---|---|---|")
-    for name in ("deadman", *PEERS):
-        r = bulk.get(name, {})
-        if not r.get("ok"):
-            w(f"| {name} | | FAILED: {r.get('error')} | | |")
-            continue
-        secs = ", ".join(f"{x:.3f}" for x in r["seconds"])
-        w(
-            f"| {name} | {r['path']} | {_f(r['jobs_per_s'])} | {secs} | "
-            f"{_ratio(r['jobs_per_s'], best)} |"
-        )
+    in_calls = bulk.get("in_calls", {})
+    call_peers = [in_calls[p]["jobs_per_s"] for p in PEERS if in_calls.get(p, {}).get("ok")]
+    best_calls = max(call_peers) if call_peers else None
+    w("| system | path | jobs per call | jobs/s (median) | seconds per rep | vs best peer |")
+    w("|---|---|---|---|---|---|")
+    for rows, top in ((bulk, best), (in_calls, best_calls)):
+        for name in ("deadman", *PEERS):
+            if name not in rows:
+                continue
+            r = rows[name]
+            if not r.get("ok"):
+                w(f"| {name} | | | FAILED: {r.get('error')} | | |")
+                continue
+            secs = ", ".join(f"{x:.3f}" for x in r["seconds"])
+            w(
+                f"| {name} | {r['path']} | {_f(r.get('per_call', r['n']))} | "
+                f"{_f(r['jobs_per_s'])} | {secs} | {_ratio(r['jobs_per_s'], top)} |"
+            )
     w("")
     for name in ("deadman", *PEERS):
         stm = bulk.get(name, {}).get("top_statements")
         if stm:
-            w(f"Server time of the {name} bulk enqueues (pg_stat_statements, all reps):\n")
+            w(
+                f"Server time of the {name} bulk enqueues (pg_stat_statements, all reps"
+                + (", both call sizes" if in_calls else "")
+                + "):\n"
+            )
             _statements(w, stm)
 
 
@@ -893,6 +902,11 @@ SCALE_POINTS = {
 }
 
 
+def _last_av(j: dict[str, Any]) -> str:
+    age = j.get("last_autovacuum_age_s")
+    return "" if age is None else f" ({age:,.0f})"
+
+
 def _mib(b: int | float | None) -> str:
     return "n/a" if b is None else f"{b / 2**20:,.1f}"
 
@@ -900,6 +914,41 @@ def _mib(b: int | float | None) -> str:
 def _method_more(data: dict[str, Any], w: Any) -> None:
     plan = data["plan"]
     lines = []
+    if data.get("bulk", {}).get("in_calls"):
+        lines.append(
+            f"- **Bulk enqueue in calls**: the same {plan['bulk_n']:,} no-op jobs in calls "
+            f"of {plan.get('bulk_per_call', 0):,}, one after another on one connection "
+            "(client), every call timed, building the jobs included; each system's two "
+            "sizes run back to back within each rep, reps interleaved across systems; "
+            "median of the reps.\n"
+        )
+    if "shapes" in data:
+        conc = ", ".join(str(c) for c in plan.get("shape_concurrency", ()))
+        n = plan.get("shape_n", plan["burn_n"])
+        pro_n = min(n, plan.get("procrastinate_n", n))
+        lines.append(
+            "- **Burn-down shapes** (issue 16): the burn-down above, one worker process per "
+            "system, at each system's library defaults (no concurrency option passed at "
+            f"all) and at concurrency {conc}; {n:,} jobs ({pro_n:,} for procrastinate; for "
+            "pgqueuer under a concurrency limit N, "
+            f"{plan.get('pgqueuer_limited_n_per_slot', 0):,} x N: it dispatches at most N "
+            "jobs per dequeue round and, at its limit, waits its 0.1 s poll for the next "
+            "round, so it runs about 10 jobs/s per slot here; its `max_concurrent_tasks` "
+            "cap, which must be at least twice the batch size, is not measured), median "
+            f"of {plan['reps']}, every case once per rep, reps interleaved, every run "
+            "verified exactly once as above. CPU µs per job: the workers' and Postgres's "
+            "CPU time (/proc) over the window from just before the enqueue to the last "
+            "completion, divided by the jobs.\n"
+        )
+    if "ceiling" in data and "ceiling_s" in plan:
+        clients = ", ".join(str(c) for c in plan.get("ceiling_clients", ()))
+        lines.append(
+            f"- **pgbench ceiling**: `pgbench` from the cluster's own bin dir runs "
+            f"`bench/pgbench_lifecycle.sql` for {plan['ceiling_s']:g} s at each of "
+            f"{clients} clients, batches of {plan.get('ceiling_batch')}, on the same "
+            "cluster after the burn-downs; each run starts from a fresh table and a "
+            "CHECKPOINT; the best verified run is the ceiling.\n"
+        )
     if "http" in data and "http_s" in plan:
         lines.append(
             f"- **HTTP**: one `deadman serve` process (one uvicorn worker) on 127.0.0.1, no "
@@ -1026,7 +1075,8 @@ def _scale(data: dict[str, Any], w: Any) -> None:
     w("\nTable sizes when each point was measured (before its claims):\n")
     w(
         "| point | job states | jobs heap MiB | jobs indexes MiB | jobs_claim_idx MiB | "
-        "jobs live / dead tuples | jobs autovacuums | attempts heap / indexes MiB |"
+        "jobs live / dead tuples | jobs autovacuums (last, s before) | attempts heap / "
+        "indexes MiB |"
     )
     w("|---|---|---|---|---|---|---|---|")
     for name, label in SCALE_POINTS.items():
@@ -1037,7 +1087,7 @@ def _scale(data: dict[str, Any], w: Any) -> None:
             f"| {label.format(n=sc['n'])} | {states} | {_mib(j.get('heap_bytes'))} | "
             f"{_mib(j.get('index_bytes'))} | {_mib(z.get('jobs_claim_idx_bytes'))} | "
             f"{j.get('n_live_tup', 0):,} / {j.get('n_dead_tup', 0):,} | "
-            f"{j.get('autovacuum_count', 0)} | {_mib(a.get('heap_bytes'))} / "
+            f"{j.get('autovacuum_count', 0)}{_last_av(j)} | {_mib(a.get('heap_bytes'))} / "
             f"{_mib(a.get('index_bytes'))} |"
         )
     w(
@@ -1164,6 +1214,8 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
     for phase, what in (
         ("bulk", "Bulk enqueue (phase skipped in this run)."),
         ("burn", "Burn-down throughput (phase skipped in this run)."),
+        ("shapes", "Burn-down at the defaults and at concurrency 1 and 8 (phase skipped)."),
+        ("ceiling", "The pgbench batched lifecycle ceiling (phase skipped in this run)."),
         ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
         ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
         ("profile", "Profile of the worker (phase skipped in this run)."),
@@ -1200,6 +1252,136 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         "`bench.ab` compares two revisions on the burn-down only.",
     ]
     w("\n".join(gaps) + "\n")
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("yes" if ok else "no")
+
+
+def _targets_16(data: dict[str, Any], w: Any) -> None:
+    rows = targets_16(data)
+    if not rows:
+        return
+    w("## Targets (issue 16) against this run\n")
+    w("| target | Deadman | compared with | ratio | met? |\n|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["ratio"]
+        if ratio is None:
+            cell = "n/a"
+        elif "share" in r["target"]:
+            cell = f"{ratio:.0%}"
+        else:
+            cell = f"{ratio:.2f}x"
+        w(f"| {r['target']} | {r['deadman']} | {r['other']} | {cell} | {_met(r['met'])} |")
+    w(
+        "\nThroughput ratios are Deadman ÷ the other (higher is better); latency and claim "
+        "ratios Deadman ÷ the other (lower is better); the claim's is the worse of p50 and "
+        "p99 against the near-empty control.\n"
+    )
+
+
+def _shapes(data: dict[str, Any], w: Any) -> None:
+    sh = data.get("shapes")
+    if not sh:
+        return
+    w("## Burn-down at the defaults, at concurrency 1 and 8 (one process each)\n")
+    if "error" in sh:
+        w(f"FAILED: {sh['error']}\n")
+    read = sh.get("defaults_read", {})
+    if read:
+        w(
+            "Defaults as the measured code has them (read from it, not assumed): Deadman "
+            f"`Settings().concurrency` = {read.get('deadman_concurrency')} (the worker is "
+            "started with no `--concurrency` flag); pgqueuer `QueueManager.run` batch_size "
+            f"= {read.get('pgqueuer_batch_size')}, entrypoint concurrency_limit = "
+            f"{read.get('pgqueuer_concurrency_limit')} (0: unlimited), started with no "
+            "options; procrastinate `run_worker_async` concurrency = "
+            f"{read.get('procrastinate_concurrency')}, started with no options. "
+            "Concurrency N: Deadman `--concurrency N`; pgqueuer `@qm.entrypoint(..., "
+            "concurrency_limit=N)` with its default batch size; procrastinate "
+            "`concurrency=N`.\n"
+        )
+    w(
+        "| shape | system | setting | jobs | jobs/s (median) | reps | CPU cores: workers / "
+        "Postgres / others | CPU µs per job: workers / Postgres / total | verified | "
+        "Deadman ÷ this |"
+    )
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, systems in sh.items():
+        if not isinstance(systems, dict) or shape == "defaults_read":
+            continue
+        label = "defaults" if shape == "defaults" else shape.replace("_", " ")
+        d = _ok_rate(systems.get("deadman"))
+        for name in ("deadman", *PEERS):
+            r = systems.get(name)
+            if r is None:
+                continue
+            if "jobs_per_s" not in r:
+                w(f"| {label} | {name} | | | FAILED: {r.get('error')} | | | | | |")
+                continue
+            setting = (
+                f"--concurrency {r.get('concurrency')}"
+                + ("" if r.get("concurrency_flag", True) else " (no flag: the default)")
+                if name == "deadman"
+                else str(r.get("setting"))
+            )
+            cpu, per = r.get("cpu_cores", {}), r.get("cpu_us_per_job")
+            us = (
+                f"{per['workers']:.0f} / {per['postgres']:.0f} / "
+                f"{per['workers'] + per['postgres']:.0f}"
+                if per
+                else "n/a"
+            )
+            ok = "yes" if r.get("ok") else "**NO — not a valid number**"
+            ratio = "" if name == "deadman" else _ratio(d, _ok_rate(r))
+            w(
+                f"| {label} | {name} | {setting} | {_f(r.get('n'))} | {_f(r['jobs_per_s'])} | "
+                f"{', '.join(_f(x) for x in r.get('reps', []))} | "
+                f"{cpu.get('workers', 0):.2f} / {cpu.get('postgres', 0):.2f} / "
+                f"{cpu.get('other', 0):.2f} | {us} | {ok} | {ratio} |"
+            )
+    w("")
+
+
+def _ceiling(data: dict[str, Any], w: Any) -> None:
+    ce = data.get("ceiling")
+    if not ce:
+        return
+    w("## The pgbench batched lifecycle ceiling (same cluster, same run)\n")
+    if "runs" not in ce:
+        w(f"FAILED: {ce.get('error')}\n")
+        return
+    w(
+        f"`{ce['pgbench']} -n -M prepared -f bench/{ce['script']} -c C -j min(C, cores) -T S "
+        "-D batch=B` against a plain logged table of its own "
+        "(`bench/pgbench_lifecycle_schema.sql`): per transaction, insert B rows, claim up to "
+        "B due rows with `FOR UPDATE SKIP LOCKED`, mark the claimed rows done; each "
+        "statement its own durable commit. Jobs/s is transactions per second times the "
+        "rows finished per transaction.\n"
+    )
+    w("| clients | seconds | batch | tps | jobs/s | finished | left queued | checked |")
+    w("|---|---|---|---|---|---|---|---|")
+    for r in ce["runs"]:
+        v = r["verify"]
+        ok = (
+            "yes"
+            if r["ok"]
+            else f"**NO** (running {v['left_running']}, twice {v['finished_twice']}, "
+            f"failed {r['failed']})"
+        )
+        w(
+            f"| {r['clients']} | {r['seconds']} | {r['batch']} | {_f(r['tps'], 1)} | "
+            f"{_f(r['jobs_per_s'])} | {v['done']:,} | {v['left_queued']:,} | {ok} |"
+        )
+    best = best_burn(data, "deadman")
+    ceil = ce.get("jobs_per_s")
+    if best and ceil:
+        w(
+            f"\nCeiling: {_f(ceil)} jobs/s ({ce['best_clients']} clients). Deadman's best "
+            f"burn-down in this run, {_f(best['jobs_per_s'])} jobs/s ({_deadman_label(best)}), "
+            f"is {best['jobs_per_s'] / ceil:.0%} of it.\n"
+        )
+    w("")
 
 
 def write(data: dict[str, Any], md_path: Path, plot_dir: Path) -> None:

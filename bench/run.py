@@ -83,6 +83,11 @@ class Plan:
     # these concurrencies (Deadman --concurrency, pgqueuer's entrypoint
     # concurrency_limit, procrastinate's concurrency); burn_n jobs (procrastinate_n).
     shape_concurrency: tuple[int, ...] = (1, 8)
+    shape_n: int = 20_000  # jobs per shape run (procrastinate: at most procrastinate_n)
+    # pgqueuer under an entrypoint concurrency_limit dispatches at most the limit per
+    # dequeue round, and waits its 0.1 s poll between rounds when at the limit
+    # (measured: ~10 jobs/s per slot), so it gets this many jobs per slot instead.
+    pgqueuer_limited_n_per_slot: int = 250
     bulk_per_call: int = 1_000  # bulk_n jobs again, in calls of this many
     ceiling_s: float = 10.0  # seconds per pgbench run
     ceiling_clients: tuple[int, ...] = (2, 4, 8)
@@ -113,6 +118,8 @@ QUICK = Plan(
     retention_workers=2,
     retention_every_s=5,
     retention_hold=(20, 40),
+    shape_n=1_000,
+    pgqueuer_limited_n_per_slot=25,
     ceiling_s=3.0,
     ceiling_clients=(4,),
 )
@@ -324,16 +331,18 @@ def shapes(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[
     if "DEADMAN_CONCURRENCY" in os.environ:  # the worker would read it: not the default
         raise RuntimeError("unset DEADMAN_CONCURRENCY: the defaults shape measures the default")
     cases: list[tuple[str, str, Callable[[], dict[str, Any]]]] = []
+    pro_n = min(plan.shape_n, plan.procrastinate_n)
+    pgq_per_slot = plan.pgqueuer_limited_n_per_slot
     for shape, c in shape_names(plan):
         cases += [
-            (shape, "deadman", partial(dm.burn_down, dsns["deadman"], plan.burn_n, 1, c, logdir)),
+            (shape, "deadman", partial(dm.burn_down, dsns["deadman"], plan.shape_n, 1, c, logdir)),
             (
                 shape,
                 "pgqueuer",
                 partial(
                     pgq.burn_down,
                     dsns["pgqueuer"],
-                    plan.burn_n,
+                    plan.shape_n if c is None else min(plan.shape_n, c * pgq_per_slot),
                     1,
                     None,  # run()'s default batch_size
                     logdir,
@@ -344,9 +353,7 @@ def shapes(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[
             (
                 shape,
                 "procrastinate",
-                partial(
-                    pro.burn_down, dsns["procrastinate"], plan.procrastinate_n, 1, c, logdir, ready
-                ),
+                partial(pro.burn_down, dsns["procrastinate"], pro_n, 1, c, logdir, ready),
             ),
         ]
     results = interleaved(plan.reps, [(f"{shape} {name}", fn) for shape, name, fn in cases])
@@ -594,7 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cluster up: {data['machine']['postgres']} {data['machine']['pg_settings']}")
         phase("bulk", lambda: bulk(plan, dsns))
         phase("burn", lambda: burn(plan, dsns, logdir, work / "ready"))
-        phase("shapes", lambda: guarded("shapes", lambda: shapes(plan, dsns, logdir, work / "ready")))
+        phase(
+            "shapes",
+            lambda: guarded("shapes", lambda: shapes(plan, dsns, logdir, work / "ready")),
+        )
         phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
         phase("latency", lambda: latency(plan, dsns, work, logdir))
         phase(

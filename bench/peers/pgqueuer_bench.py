@@ -145,9 +145,7 @@ def _workers(
         argv += ["--concurrency-limit", str(concurrency_limit)]
     tag = f"b{batch if batch is not None else 'default'}"
     tag += f"l{concurrency_limit}" if concurrency_limit is not None else ""
-    procs = [
-        spawn(argv, logdir / f"pgqueuer-p{processes}{tag}.log", env) for _ in range(processes)
-    ]
+    procs = [spawn(argv, logdir / f"pgqueuer-p{processes}{tag}.log", env) for _ in range(processes)]
     wait_ready_files(ready, processes)
     time.sleep(1.0)  # run() sets up LISTEN after the ready mark
     return procs
