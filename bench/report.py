@@ -907,6 +907,11 @@ def _last_av(j: dict[str, Any]) -> str:
     return "" if age is None else f" ({age:,.0f})"
 
 
+def _av_after(point: dict[str, Any]) -> str:
+    after = point.get("sizes_after", {}).get("jobs", {}).get("autovacuum_count")
+    return "" if after is None else f" → {after} after its claims"
+
+
 def _mib(b: int | float | None) -> str:
     return "n/a" if b is None else f"{b / 2**20:,.1f}"
 
@@ -1087,7 +1092,8 @@ def _scale(data: dict[str, Any], w: Any) -> None:
             f"| {label.format(n=sc['n'])} | {states} | {_mib(j.get('heap_bytes'))} | "
             f"{_mib(j.get('index_bytes'))} | {_mib(z.get('jobs_claim_idx_bytes'))} | "
             f"{j.get('n_live_tup', 0):,} / {j.get('n_dead_tup', 0):,} | "
-            f"{j.get('autovacuum_count', 0)}{_last_av(j)} | {_mib(a.get('heap_bytes'))} / "
+            f"{j.get('autovacuum_count', 0)}{_last_av(j)}{_av_after(sc['points'][name])} | "
+            f"{_mib(a.get('heap_bytes'))} / "
             f"{_mib(a.get('index_bytes'))} |"
         )
     w(

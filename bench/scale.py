@@ -199,7 +199,8 @@ def measure(
     c = out["control"] = _stats(ctl)
     out["p50_ratio"] = round(out["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None
     out["p99_ratio"] = round(out["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None
-    out.update(wall_s=round(wall, 2), explain=plan, sizes=before)
+    # after too: whether autovacuum reached the table while the claims were timed
+    out.update(wall_s=round(wall, 2), explain=plan, sizes=before, sizes_after=sizes(dsn))
     return out
 
 
@@ -346,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<20} p50 {p['p50_ms']:.2f} ms ({p['p50_ratio']}x) p99 {p['p99_ms']:.2f} ms "
             f"({p['p99_ratio']}x) server {p['explain']['execution_ms_median']:.3f} ms, "
             f"{p['explain']['shared_buffers_median']} pages; dead {jobs.get('n_dead_tup')}, "
-            f"autovacuums {jobs.get('autovacuum_count')}, last "
-            f"{jobs.get('last_autovacuum_age_s')} s ago"
+            f"autovacuums {jobs.get('autovacuum_count')} (after the claims "
+            f"{p['sizes_after'].get('jobs', {}).get('autovacuum_count')}), last "
+            f"{jobs.get('last_autovacuum_age_s')} s before"
         )
     print(f"run {res['run_s']} s ({res['run_jobs_per_s']} jobs/s); verified {res['ok']}")
     return 0 if res["ok"] else 1
