@@ -313,7 +313,7 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
     w("Deadman: `deadman worker --processes P --concurrency C` (defaults otherwise).\n")
     w(
         "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
-        "CPU µs per job: workers / Postgres | verified | vs best peer |"
+        "CPU µs per job: workers / Postgres / total | verified | vs best peer |"
     )
     w("|---|---|---|---|---|---|---|---|")
     for r in burn.get("deadman", []):
@@ -326,7 +326,7 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
     )
     w(
         "| system | setting | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
-        "CPU µs per job: workers / Postgres | verified | vs best peer |"
+        "CPU µs per job: workers / Postgres / total | verified | vs best peer |"
     )
     w("|---|---|---|---|---|---|---|---|")
     for name in PEERS:
@@ -342,7 +342,7 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
         )
         w(
             "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
-            "CPU µs per job: workers / Postgres | verified | vs best peer |"
+            "CPU µs per job: workers / Postgres / total | verified | vs best peer |"
         )
         w("|---|---|---|---|---|---|---|---|")
         _burn_row(w, f"{wi.get('processes')} | {wi.get('concurrency')}", wi, best_peer)
@@ -357,7 +357,12 @@ def _burn_row(w: Any, head: str, r: dict[str, Any], best_peer: float | None) -> 
         return
     cpu = r.get("cpu_cores", {})
     per_job = r.get("cpu_us_per_job")
-    us = f"{per_job['workers']:.0f} / {per_job['postgres']:.0f}" if per_job else "n/a"
+    us = (
+        f"{per_job['workers']:.0f} / {per_job['postgres']:.0f} / "
+        f"{per_job['workers'] + per_job['postgres']:.0f}"
+        if per_job
+        else "n/a"
+    )
     reps = ", ".join(_f(x) for x in r.get("reps", []))
     ok = "yes" if r.get("ok") else "**NO — not a valid number**"
     w(

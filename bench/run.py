@@ -1,8 +1,11 @@
 """Run the benchmark suite and write raw JSON, plots and BENCHMARKS.md.
 
-    python -m bench.run            # full: 20,000 jobs, median of 3, 1M-job scale,
-                                   # 10-minute retention run (make bench, < 30 min)
-    python -m bench.run --quick    # smoke: small counts, 1 rep (make bench-quick, < 5 min)
+    python -m bench.run            # full: 20,000 jobs, median of 3, issue 16's shapes
+                                   # (defaults, concurrency 1 and 8, bulk in 1,000-job
+                                   # calls, the pgbench ceiling), 1M-job scale, 10-minute
+                                   # retention run (make bench, aim < 35 min)
+    python -m bench.run --quick    # smoke: small counts, 1 rep, every phase (make
+                                   # bench-quick, ~7 min on a busy 2-core machine)
     python -m bench.run --only http,scale   # a subset of the phases
     python -m bench.run --only latency      # the latency phase alone (~7 min): its JSON,
                                             # full-latency-<time>.json, gets its own
@@ -518,7 +521,7 @@ PHASES = (
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run")
-    ap.add_argument("--quick", action="store_true", help="small counts, 1 rep (< 5 min)")
+    ap.add_argument("--quick", action="store_true", help="small counts, 1 rep, every phase")
     ap.add_argument(
         "--out",
         help="raw JSON path (default bench/results/<mode>-<time>.json, "
