@@ -3,7 +3,8 @@
 Right after a burst of completions the planner, costing the keyed claim's recursive
 key scan from statistics taken on a smaller table, estimated it above
 jit_above_cost, and every claim spent ~185 ms compiling a plan that read 2 buffers
-(bench/scale.py, 200,000 jobs: 205 ms per claim against 0.7 ms near-empty). Here
+(bench/scale.py, 200,000 jobs: 205 ms per claim against 0.7 ms near-empty; the claim
+now calls the function only when a keyed job waits, so one waits here). Here
 every plan is made eligible (``jit_above_cost = 0``) and auto_explain reports each
 statement's plan, nested ones included: the outer claim compiles, the function's
 statements do not.
@@ -34,12 +35,14 @@ def test_the_keyed_claim_runs_without_jit_even_when_every_plan_qualifies(db_dsn:
             "jit_above_cost = 0",
         ):
             conn.execute(f"SET {setting}")
+        # a keyed job waiting: the claim calls job_claim_keyed only then
         conn.execute("INSERT INTO deadman.jobs (type) VALUES ('noop')")
+        conn.execute("INSERT INTO deadman.jobs (type, limit_key) VALUES ('noop', 'k1')")
         claimed = conn.execute(
             QUERIES["job_claim"], claim_params(ClaimParams("default", "w", 10, 10_000))
         ).fetchall()
         conn.rollback()
-    assert len(claimed) == 1
+    assert len(claimed) == 2  # the keyed one (no limit row: unbounded) and the other
     keyed = [n for n in notices if "WITH RECURSIVE k" in n]
     outer = [n for n in notices if "WITH keyed AS" in n]
     assert keyed and outer, notices
