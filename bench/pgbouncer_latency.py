@@ -75,8 +75,8 @@ def settings(
     return rows
 
 
-KEEP = ("n", "ok", "missing", "doubled", "p50_ms", "p99_ms", "p999_ms", "max_ms")
-KEEP += ("enqueue_call_p50_ms", "enqueue_call_p99_ms", "ack_to_start_p50_ms")
+KEEP: tuple[str, ...] = ("n", "ok", "missing", "doubled", "p50_ms", "p99_ms", "p999_ms")
+KEEP += ("max_ms", "enqueue_call_p50_ms", "enqueue_call_p99_ms", "ack_to_start_p50_ms")
 KEEP += ("ack_to_start_p99_ms",)
 
 

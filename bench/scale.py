@@ -1,7 +1,8 @@
 """Claim latency as the jobs table grows: near-empty, N queued, after N completed.
 
 One claim round trip is what a worker's producer sends (``AsyncStore.job_claim``,
-the store call ``Producer._claim_round`` makes, no retries) with the default batch
+the store call ``Producer._claim_round`` makes, no retries, on a session with the
+worker's options: generic plans, no JIT, ``deadman.db.plans``) with the default batch
 size (the default concurrency, 10), timed on the client with ``perf_counter``:
 query, network and building the ``Job`` objects. Each sample is one cycle, only
 the claim timed: enqueue ``batch`` no-op jobs (``Client.enqueue_many``), claim
@@ -49,6 +50,7 @@ from bench import deadman_bench as dm
 from bench.common import create_database, durable_cluster, pct, stop, wait_for
 from deadman import Client
 from deadman.config import Settings
+from deadman.db.plans import generic_plans
 from deadman.db.queries import QUERIES
 from deadman.model import AttemptOutcome, JobState
 from deadman.store import AsyncStore, ClaimParams, Finish, claim_params
@@ -139,7 +141,12 @@ async def _cycles(
 ) -> list[list[float]]:
     """``WARMUP + samples`` enqueue/claim/finish cycles on each target database, the
     targets taking turns cycle by cycle; returns each target's timed claims (ms)."""
-    stores = [AsyncStore.create(dsn, min_size=1, max_size=1, retry_s=0) for dsn, _ in targets]
+    # the worker's own session settings (generic plans, no JIT: DECISIONS 47), so the
+    # claim is timed as the worker's producer sends it
+    stores = [
+        AsyncStore.create(generic_plans(dsn), min_size=1, max_size=1, retry_s=0)
+        for dsn, _ in targets
+    ]
     for store in stores:
         await store.open()
     params = ClaimParams("default", WORKER_ID, batch, ttl_ms)

@@ -254,11 +254,14 @@ async def _worker_main(
     """Only what was given is passed: without options, pgqueuer's defaults."""
     conn = await asyncpg.connect(dsn)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
-    limit = {} if concurrency_limit is None else {"concurrency_limit": concurrency_limit}
 
-    @qm.entrypoint("noop", **limit)
     async def noop(job: Job) -> None:
         return None
+
+    if concurrency_limit is None:
+        qm.entrypoint("noop")(noop)
+    else:
+        qm.entrypoint("noop", concurrency_limit=concurrency_limit)(noop)
 
     @qm.entrypoint("mark")
     async def mark(job: Job) -> None:
@@ -270,7 +273,7 @@ async def _worker_main(
         loop.add_signal_handler(sig, qm.shutdown.set)
     mark_ready(ready_dir)
     try:
-        await qm.run(**({} if batch_size is None else {"batch_size": batch_size}))
+        await (qm.run() if batch_size is None else qm.run(batch_size=batch_size))
     finally:
         await conn.close()
 
