@@ -97,17 +97,14 @@ class ShardMap:
 
     def checked(self) -> ShardMap:
         """This map, once no index, url or queue is held twice."""
-        seen_index: dict[int, str] = {}
-        seen_url: dict[str, str] = {}
+        seen: dict[tuple[str, object], str] = {}
         seen_queue: dict[str, str] = {}
         for shard in self.shards:
-            for seen, value, what in (
-                (seen_index, shard.index, "index"),
-                (seen_url, shard.url, "url"),
-            ):
-                if value in seen:
-                    raise _bad(f"shards {seen[value]} and {shard.name} have the same {what}")
-                seen[value] = shard.name  # type: ignore[index]
+            for what, value in (("index", shard.index), ("url", shard.url)):
+                if (what, value) in seen:
+                    other = seen[what, value]
+                    raise _bad(f"shards {other} and {shard.name} have the same {what}")
+                seen[what, value] = shard.name
             for queue in shard.queues:
                 if queue in seen_queue:
                     other = seen_queue[queue]

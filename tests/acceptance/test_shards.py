@@ -114,8 +114,8 @@ def test_queues_run_on_their_own_cluster_and_an_outage_stops_only_its_queues(
         for name, shard_ids in ids.items():
             first, last = id_range(LAYOUT[name][0])
             assert all(first <= i <= last for i in shard_ids), (name, shard_ids)
-        for name, shard_ids in ids.items():
-            wait_for(lambda: _succeeded(shard_env[name], shard_ids), RUN_S, 0.05, name)
+        every = [(shard_env[name], shard_ids) for name, shard_ids in ids.items()]
+        wait_for(lambda: all(_succeeded(d, i) for d, i in every), RUN_S, 0.05, "every job")
         assert _where(shard_env) == {
             "a": {"alpha": 3},
             "b": {"beta": 7},
@@ -180,6 +180,6 @@ def test_a_shard_whose_ids_are_not_its_own_is_refused(
         "a": {"index": 1, "url": shard_env["b"], "queues": ["alpha"]},
         "b": {"index": 2, "url": shard_env["a"], "queues": ["beta"]},
     }
-    with ShardedClient(ShardMap.parse(json.dumps(swapped)), timeout=2.0) as client:
-        with pytest.raises(ConfigError, match="run `deadman shards init`"):
-            client.enqueue("noop", queue="alpha")
+    client = ShardedClient(ShardMap.parse(json.dumps(swapped)), timeout=2.0)
+    with client, pytest.raises(ConfigError, match="run `deadman shards init`"):
+        client.enqueue("noop", queue="alpha")
