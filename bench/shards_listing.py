@@ -4,7 +4,8 @@ three shards (deadman.shards): one ``job_list`` per shard, merged by ``created_a
 (ids no longer sort by time across shards: each shard's ids start at index << 48),
 the 50 newest kept. Merged two ways: the three statements in series (3 round trips
 one after another), and concurrently (3 connections, asyncio.gather: the slowest of
-3). Reps interleaved so a busy machine slows every shape alike.
+3). Reps interleaved so a busy machine slows every shape alike. And what routing adds
+to one enqueue (ShardedClient against a plain Client on the same shard).
 
 A listing filtered by queue needs no merge: the router sends it to that queue's
 shard, so it costs what "one shard" costs. Three durable local clusters
@@ -34,6 +35,7 @@ from bench.common import ROOT, durable_cluster, machine, pct
 from deadman.client import Client
 from deadman.db.migrate import migrate
 from deadman.db.queries import QUERIES
+from deadman.shards import ShardedClient, ShardMap
 from deadman.shards.ids import initialise
 
 PAGE = 50
@@ -81,6 +83,30 @@ async def _run(dsns: list[str], reps: int, state: str | None) -> dict[str, list[
     return timings
 
 
+def _enqueues(dsns: list[str], reps: int) -> dict[str, dict[str, Any]]:
+    """One enqueue through a plain Client on shard 1, against one through the
+    ShardedClient to the same shard (the job built and checked once more to find its
+    queue, the map looked up): what the routing adds to a call, interleaved."""
+    spec = {
+        f"s{i}": {"index": i, "url": dsn, "queues": [f"q{i}"]}
+        for i, dsn in enumerate(dsns, start=1)
+    }
+    plain_ms: list[float] = []
+    routed_ms: list[float] = []
+    with Client(dsns[0]) as plain, ShardedClient(ShardMap.parse(json.dumps(spec))) as routed:
+        for _ in range(20):
+            plain.enqueue("noop", queue="q1")
+            routed.enqueue("noop", queue="q1")
+        for _ in range(reps):
+            t = time.perf_counter()
+            plain.enqueue("noop", {"x": 1}, queue="q1")
+            plain_ms.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            routed.enqueue("noop", {"x": 1}, queue="q1")
+            routed_ms.append(time.perf_counter() - t)
+    return {"Client.enqueue": _summary(plain_ms), "ShardedClient.enqueue": _summary(routed_ms)}
+
+
 def _seed(dsn: str, index: int, jobs: int) -> None:
     migrate(dsn)
     initialise(dsn, index)
@@ -117,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, state in (("unfiltered", None), ("state=queued", "queued")):
             timings = asyncio.run(_run(dsns, args.reps, state))
             result[label] = {shape: _summary(timings[shape]) for shape in SHAPES}
+        result["enqueue"] = _enqueues(dsns, args.reps)
     out = ROOT / "bench" / "results" / f"shards-listing-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     for label in ("unfiltered", "state=queued"):
@@ -126,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label:>10} | {shape:<22} | p50 {s['p50_ms']} ms"
                 f"  p95 {s['p95_ms']} ms  p99 {s['p99_ms']} ms"
             )
+    for name, s in result["enqueue"].items():
+        print(f"   enqueue | {name:<22} | p50 {s['p50_ms']} ms  p95 {s['p95_ms']} ms")
     print(f"raw: {out.relative_to(ROOT)}")
     return 0
 
