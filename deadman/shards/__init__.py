@@ -1,9 +1,11 @@
 """Queues across several Postgres clusters, each a full Deadman schema: the shard map
 (``DEADMAN_SHARDS``, :mod:`.shardmap`), ids that name their shard (:mod:`.ids`) and
-the client that routes by queue and by id (:mod:`.client`)."""
+the clients that route by queue and by id (:mod:`.client`, :mod:`.aclient`, sharing
+:mod:`.routing`)."""
 
 from __future__ import annotations
 
+from deadman.shards.aclient import AsyncShardedClient
 from deadman.shards.client import ShardedClient
 from deadman.shards.ids import id_range, shard_index_of
 from deadman.shards.shardmap import (
@@ -17,6 +19,7 @@ from deadman.shards.shardmap import (
 )
 
 __all__ = [
+    "AsyncShardedClient",
     "CrossShard",
     "Shard",
     "ShardError",

@@ -14,8 +14,6 @@ a key whose jobs are on two shards is two limits, one per shard).
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -24,20 +22,17 @@ from typing import Any, Unpack
 import psycopg
 
 from deadman.client import Client
-from deadman.clientcore.options import JobOptions, new_job
+from deadman.clientcore.options import JobOptions
 from deadman.config import Settings
 from deadman.connections import Joinable
 from deadman.db.pool import sync_pool
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.model import Job, Workflow
 from deadman.shards.ids import check_range
-from deadman.shards.shardmap import CrossShard, Shard, ShardMap, ShardUnavailable
+from deadman.shards.routing import Router
+from deadman.shards.shardmap import Shard
 from deadman.store import NewJob
 from deadman.store.limits import Limit
-
-#: how long a call waits for a connection to a shard before ShardUnavailable: a
-#: shard that is down fails its own calls quickly instead of holding the caller
-DEFAULT_TIMEOUT_S = 5.0
 
 
 class _ShardClient(Client):
@@ -56,34 +51,13 @@ class _ShardClient(Client):
         return super()._get_pool()
 
 
-class ShardedClient:
+class ShardedClient(Router[Client]):
     """Thread-safe, as :class:`deadman.Client`. ``shards`` defaults to the map in
     ``DEADMAN_SHARDS``. Before its first call to a shard it checks, once, that the
     shard's database hands out that shard's ids (``deadman shards init``)."""
 
-    def __init__(
-        self,
-        shards: ShardMap | None = None,
-        *,
-        settings: Settings | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
-        self.map = shards or ShardMap.from_env(os.environ)
-        self._settings = settings or Settings.from_env()
-        self._timeout = timeout
-        self._clients = {s.name: _ShardClient(s, self._settings, timeout) for s in self.map.shards}
-        self._checked: set[str] = set()
-        self._lock = threading.Lock()
-
-    # -- routing ------------------------------------------------------------------
-
-    def client_for(self, shard: Shard) -> Client:
-        """The shard's own client, for any call not routed here (schedules, ...)."""
-        return self._clients[shard.name]
-
-    def job(self, type: str, payload: Any = None, **options: Unpack[JobOptions]) -> NewJob:
-        """As :meth:`deadman.Client.job`: build and check a job without sending it."""
-        return new_job(type, payload, options)
+    def _client_of(self, shard: Shard, settings: Settings) -> Client:
+        return _ShardClient(shard, settings, self._timeout)
 
     def enqueue(
         self,
@@ -106,13 +80,6 @@ class ShardedClient:
             return []
         with self._on(self._shard_of_jobs(batch)) as client:
             return client.enqueue_many(batch, conn=conn)
-
-    def by_shard(self, jobs: Iterable[NewJob]) -> dict[Shard, list[NewJob]]:
-        """``jobs`` grouped by the shard of their queue, each group in the given order."""
-        groups: dict[Shard, list[NewJob]] = {}
-        for new in jobs:
-            groups.setdefault(self.map.for_queue(new.queue), []).append(new)
-        return groups
 
     def workflow(
         self,
@@ -187,39 +154,15 @@ class ShardedClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _shard_of_jobs(self, jobs: list[NewJob], what: str = "batch") -> Shard:
-        """The one shard of every job's queue and dependency; CrossShard if not one."""
-        shards = {new.queue: self.map.for_queue(new.queue) for new in jobs}
-        if len(set(shards.values())) > 1:
-            spread = ", ".join(f"{q} -> {s.name}" for q, s in sorted(shards.items()))
-            raise CrossShard(f"{what} spans shards ({spread}); it must stay within one")
-        (shard,) = set(shards.values())
-        for new in jobs:
-            for dep in new.depends_on:
-                if self.map.for_id(dep) != shard:
-                    raise CrossShard(
-                        f"job in queue {new.queue!r} (shard {shard.name}) cannot depend on "
-                        f"job {dep} of shard {self.map.for_id(dep).name}"
-                    )
-        return shard
-
     @contextmanager
     def _on(self, shard: Shard) -> Iterator[Client]:
         """The shard's client, its ids checked once; its outage as ShardUnavailable."""
         try:
-            self._check(shard)
+            if not self._is_checked(shard):
+                timeout = max(1, round(self._timeout))
+                with translate(), psycopg.connect(shard.url, connect_timeout=timeout) as conn:
+                    check_range(conn, shard.index, shard.name)
+                self._checked_now(shard)
             yield self._clients[shard.name]
-        except ShardUnavailable:
-            raise
         except DatabaseUnavailable as exc:
-            raise ShardUnavailable(f"{shard} is unavailable: {exc}") from exc
-
-    def _check(self, shard: Shard) -> None:
-        with self._lock:
-            if shard.name in self._checked:
-                return
-        timeout = max(1, round(self._timeout))
-        with translate(), psycopg.connect(shard.url, connect_timeout=timeout) as conn:
-            check_range(conn, shard.index, shard.name)
-        with self._lock:
-            self._checked.add(shard.name)
+            raise self._unavailable(shard, exc) from exc

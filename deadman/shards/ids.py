@@ -58,9 +58,22 @@ def check_range(conn: psycopg.Connection[Any], index: int, shard: str) -> None:
     """ConfigError unless ``conn``'s database hands out shard ``index``'s ids: a shard
     never initialised, or a URL pointing at another shard's database (two swapped
     entries of the map) would otherwise make ids that route to the wrong cluster."""
-    first, last = id_range(index)
     with translate(), conn.cursor(row_factory=dict_row) as cur:
-        rows = {r["name"]: r for r in cur.execute(QUERIES["shard_id_ranges"]).fetchall()}
+        verify_range(cur.execute(QUERIES["shard_id_ranges"]).fetchall(), index, shard)
+
+
+async def acheck_range(conn: psycopg.AsyncConnection[Any], index: int, shard: str) -> None:
+    """:func:`check_range` on an async connection."""
+    with translate():
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(QUERIES["shard_id_ranges"])
+            verify_range(await cur.fetchall(), index, shard)
+
+
+def verify_range(found: list[dict[str, Any]], index: int, shard: str) -> None:
+    """What :func:`check_range` checks, on the rows of ``shard_id_ranges``."""
+    first, last = id_range(index)
+    rows = {r["name"]: r for r in found}
     for name in _SEQUENCES:
         row = rows.get(name)
         if row is None:

@@ -10,6 +10,7 @@ and running jobs; started again, the jobs it held queued run.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ from deadman import devdb
 from deadman.cli_shards import cmd_shards
 from deadman.db.migrate import migrate
 from deadman.errors import ConfigError
-from deadman.shards import CrossShard, ShardedClient, ShardMap, ShardUnavailable, id_range
+from deadman.shards import (
+    AsyncShardedClient,
+    CrossShard,
+    ShardedClient,
+    ShardMap,
+    ShardUnavailable,
+    id_range,
+)
 from tests.helpers import wait_for
 from tests.helpers.processes import SpawnWorker, sql_all, sql_value, wait_registered
 
@@ -183,3 +191,33 @@ def test_a_shard_whose_ids_are_not_its_own_is_refused(
     client = ShardedClient(ShardMap.parse(json.dumps(swapped)), timeout=2.0)
     with client, pytest.raises(ConfigError, match="run `deadman shards init`"):
         client.enqueue("noop", queue="alpha")
+
+
+def test_the_async_client_routes_as_the_sync_one(shard_env: dict[str, str]) -> None:
+    """AsyncShardedClient against the same clusters: each call on its shard's tables."""
+
+    async def main() -> tuple[int, int, list[int], int]:
+        async with AsyncShardedClient(timeout=2.0) as client:
+            a = await client.enqueue("noop", queue="alpha")
+            c = await client.enqueue("noop", queue="unnamed")  # the '*' shard
+            many = await client.enqueue_many([client.job("noop", queue="beta")] * 2)
+            nodes = {"x": client.job("noop", queue="gamma"), "y": client.job("noop", queue="gamma")}
+            wf = await client.workflow("async-wf", nodes, [("x", "y")])
+            assert await client.get_workflow(wf.id) is not None
+            assert (await client.cancel(c.id)).state.value == "cancelled"
+            found = await client.get(a.id)
+            assert found is not None and found.queue == "alpha"
+            assert (await client.set_limit("ak", queue="gamma", concurrency=1)).concurrency == 1
+            mixed = [client.job("noop", queue="alpha"), client.job("noop", queue="beta")]
+            with pytest.raises(CrossShard, match="spans shards"):
+                await client.enqueue_many(mixed)
+            return a.id, c.id, many, wf.id
+
+    a_id, c_id, many, wf_id = asyncio.run(main())
+    one = "SELECT queue FROM deadman.jobs WHERE id = %s"
+    assert sql_value(shard_env["a"], one, (a_id,)) == "alpha"
+    assert sql_value(shard_env["c"], one, (c_id,)) == "unnamed"
+    assert all(sql_value(shard_env["b"], one, (i,)) == "beta" for i in many)
+    wf = "SELECT count(*) FROM deadman.workflows WHERE id = %s"
+    assert sql_value(shard_env["c"], wf, (wf_id,)) == 1
+    assert sql_value(shard_env["c"], "SELECT count(*) FROM deadman.limits WHERE key = 'ak'") == 1
