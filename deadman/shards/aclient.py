@@ -144,7 +144,10 @@ class AsyncShardedClient(Router[AsyncClient]):
     @asynccontextmanager
     async def _on(self, shard: Shard) -> AsyncIterator[AsyncClient]:
         """The shard's client, its ids checked once; its outage as ShardUnavailable."""
+        rested = self._refuse_if_resting(shard)
         try:
+            if rested:
+                await (await self._clients[shard.name]._get_pool()).check()
             if not self._is_checked(shard):
                 timeout = max(1, round(self._timeout))
                 with translate():

@@ -157,7 +157,10 @@ class ShardedClient(Router[Client]):
     @contextmanager
     def _on(self, shard: Shard) -> Iterator[Client]:
         """The shard's client, its ids checked once; its outage as ShardUnavailable."""
+        rested = self._refuse_if_resting(shard)
         try:
+            if rested:
+                self._clients[shard.name]._get_pool().check()
             if not self._is_checked(shard):
                 timeout = max(1, round(self._timeout))
                 with translate(), psycopg.connect(shard.url, connect_timeout=timeout) as conn:

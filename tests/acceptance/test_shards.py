@@ -159,6 +159,11 @@ def test_queues_run_on_their_own_cluster_and_an_outage_stops_only_its_queues(
         with pytest.raises(ShardUnavailable, match="shard b"):
             client.enqueue("noop", queue="beta")
         assert time.monotonic() - started < 10  # fails fast, does not hang the caller
+        started = time.monotonic()
+        for _ in range(5):  # resting after that failure: refused at once (PAUSE_S)
+            with pytest.raises(ShardUnavailable, match="next try in"):
+                client.enqueue("noop", queue="beta")
+        assert time.monotonic() - started < 1.0
         with pytest.raises(ShardUnavailable, match="shard b"):
             client.get(held[0])
         during = [client.enqueue("noop", queue=q).id for q in ("alpha", "gamma", "other")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 import pytest
@@ -20,9 +21,11 @@ from deadman.shards import (
     UnknownShard,
     UnroutedQueue,
     id_range,
+    routing,
     shard_index_of,
 )
 from deadman.shards.ids import MAX_INDEX
+from tests.helpers import wait_for
 
 #: nothing listens on port 1: a connection is refused at once
 NOWHERE = "postgresql://127.0.0.1:1/{}?connect_timeout=1"
@@ -151,9 +154,35 @@ def test_the_router_refuses_before_it_connects() -> None:
 
 
 def test_an_unreachable_shard_is_unavailable_by_name() -> None:
-    client = ShardedClient(ShardMap.parse(GOOD), timeout=1.0)
-    with client, pytest.raises(ShardUnavailable, match=r"^shard a \(index 1, queues alpha, mail\)"):
-        client.enqueue("noop", queue="mail")
+    with ShardedClient(ShardMap.parse(GOOD), timeout=1.0) as client:
+        with pytest.raises(ShardUnavailable, match=r"^shard a \(index 1, queues alpha, mail\)"):
+            client.enqueue("noop", queue="mail")
+        # then it rests: refused at once, without a connection attempt, for PAUSE_S
+        with pytest.raises(ShardUnavailable, match=r"failed less than 1 s ago; next try in"):
+            client.get(id_range(1)[0])
+        with pytest.raises(ShardUnavailable, match=r"^shard b .*Connection refused"):
+            client.enqueue("noop", queue="beta")  # the other shard is not resting
+
+
+def test_a_resting_shard_is_tried_again_after_the_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(routing, "PAUSE_S", 0.3)
+    with ShardedClient(ShardMap.parse(GOOD), timeout=1.0) as client:
+        with pytest.raises(ShardUnavailable, match="Connection refused"):
+            client.enqueue("noop", queue="mail")
+        failed_at = time.monotonic()
+        with pytest.raises(ShardUnavailable, match="next try in"):
+            client.enqueue("noop", queue="mail")
+        assert time.monotonic() - failed_at < 0.3  # (else the refusal above proves nothing)
+
+        def tried_again() -> bool:
+            try:
+                client.enqueue("noop", queue="mail")
+            except ShardUnavailable as exc:
+                return "Connection refused" in str(exc)
+            raise AssertionError("a shard on port 1 answered")
+
+        wait_for(tried_again, 5.0, interval=0.05, message="a connection attempt again")
+        assert time.monotonic() - failed_at >= 0.3
 
 
 def test_shards_init_reports_every_shard_and_exits_unavailable(
