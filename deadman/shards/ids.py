@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any, LiteralString
 
 import psycopg
+from psycopg.errors import RaiseException
 from psycopg.rows import dict_row
 
 from deadman.db.queries import parse
@@ -49,9 +50,12 @@ def set_range(conn: psycopg.Connection[Any], index: int) -> None:
     """Confine ``conn``'s database's id sequences to shard ``index``'s range, in one
     transaction (queries.sql, shard_set_range, says what happens to ids already made)."""
     first, last = id_range(index)
-    with translate(), conn.transaction():
-        conn.execute(QUERIES["shard_range_given"], {"first": first, "last": last})
-        conn.execute(QUERIES["shard_set_range"])
+    try:
+        with translate(), conn.transaction():
+            conn.execute(QUERIES["shard_range_given"], {"first": first, "last": last})
+            conn.execute(QUERIES["shard_set_range"])
+    except RaiseException as exc:  # the statement's own refusal, nothing changed
+        raise ConfigError(f"shard index {index}: {exc.diag.message_primary}") from exc
 
 
 def check_range(conn: psycopg.Connection[Any], index: int, shard: str) -> None:

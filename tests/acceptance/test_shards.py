@@ -15,10 +15,12 @@ import json
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from deadman import devdb
 from deadman.cli_shards import cmd_shards
+from deadman.client import Client
 from deadman.db.migrate import migrate
 from deadman.errors import ConfigError
 from deadman.shards import (
@@ -28,7 +30,9 @@ from deadman.shards import (
     ShardMap,
     ShardUnavailable,
     id_range,
+    shard_index_of,
 )
+from deadman.shards.ids import initialise
 from tests.helpers import wait_for
 from tests.helpers.processes import SpawnWorker, sql_all, sql_value, wait_registered
 
@@ -226,3 +230,32 @@ def test_the_async_client_routes_as_the_sync_one(shard_env: dict[str, str]) -> N
     wf = "SELECT count(*) FROM deadman.workflows WHERE id = %s"
     assert sql_value(shard_env["c"], wf, (wf_id,)) == 1
     assert sql_value(shard_env["c"], "SELECT count(*) FROM deadman.limits WHERE key = 'ak'") == 1
+
+
+def test_init_keeps_an_existing_database_s_ids_and_refuses_another_shard_s(
+    clusters: dict[str, devdb.Cluster],
+) -> None:
+    """A single-primary database with jobs becomes shard 0 as it is (its ids go on
+    from where they were); one whose ids are already in another shard's range is
+    refused, and left as it was."""
+    server = clusters["c"].dsn()
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS legacy WITH (FORCE)")
+        conn.execute("CREATE DATABASE legacy")
+    dsn = clusters["c"].dsn("legacy")
+    migrate(dsn)
+    with Client(dsn) as plain:
+        before = [plain.enqueue("noop").id for _ in range(3)]
+    initialise(dsn, 0)
+    with Client(dsn) as plain:
+        after = plain.enqueue("noop").id
+    assert after == before[-1] + 1 and shard_index_of(after) == 0
+    initialise(dsn, 2)  # now it hands out shard 2's ids...
+    with Client(dsn) as plain:
+        moved = plain.enqueue("noop").id
+    assert moved == id_range(2)[0]
+    with pytest.raises(ConfigError, match="past this shard.s range"):
+        initialise(dsn, 1)  # ...so it can no longer be shard 1
+    initialise(dsn, 2, check_only=True)  # and the refused init changed nothing
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("DROP DATABASE legacy WITH (FORCE)")
