@@ -254,7 +254,7 @@ def test_init_keeps_an_existing_database_s_ids_and_refuses_another_shard_s(
     with Client(dsn) as plain:
         moved = plain.enqueue("noop").id
     assert moved == id_range(2)[0]
-    with pytest.raises(ConfigError, match="past this shard.s range"):
+    with pytest.raises(ConfigError, match="past this shard's range"):
         initialise(dsn, 1)  # ...so it can no longer be shard 1
     initialise(dsn, 2, check_only=True)  # and the refused init changed nothing
     with psycopg.connect(server, autocommit=True) as conn:
