@@ -298,13 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Subcommands that live in modules of their own, one registration each (in the
     # order --help lists them):
-    from deadman import cli_chaos, cli_enqueue, cli_limits, cli_ops, cli_top
+    from deadman import cli_chaos, cli_enqueue, cli_limits, cli_ops, cli_shards, cli_top
 
     cli_chaos.add_parsers(sub, db_arg)  # chaos
     cli_ops.add_parsers(sub, db_arg)  # jobs, dlq, queues, workers, stats
     cli_top.add_parsers(sub, db_arg)  # top
     cli_enqueue.add_parser(sub, db_arg)  # enqueue
     cli_limits.add_parser(sub, db_arg)  # limits ls|show|set|rm
+    cli_shards.add_parser(sub, db_arg)  # shards init|check
     return p
 
 

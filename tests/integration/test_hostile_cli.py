@@ -184,6 +184,9 @@ USAGE: list[list[str]] = [
     ["limits", "rm", "a/b"],
     ["limits", "ls", "extra"],
     ["limits"],
+    ["shards"],
+    ["shards", "init"],  # no DEADMAN_SHARDS: "DEADMAN_SHARDS is not set"
+    ["shards", "check", "extra"],
     ["demo", "--database-url", "not a dsn"],
     ["demo", "--database-url", SURROGATE],
     *[
