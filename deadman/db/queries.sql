@@ -1112,3 +1112,42 @@ SELECT now() AS now;
 -- system_identifier may not be: pg_control_system() can be revoked); the postmaster's
 -- start time tells two servers apart, read afresh on both sides for each comparison.
 SELECT current_database() AS database, pg_postmaster_start_time() AS started_at;
+
+-- name: job_insert_grouped
+-- POST /jobs under group commit (deadman/api/group_commit.py): the single submissions
+-- that arrived while the previous group was being written, in one statement, so in
+-- one transaction and one WAL flush; each request is answered once it returns. Jobs
+-- without depends_on only (those go through job_insert, with their locks). As in
+-- job_insert, a row whose idempotency key is taken is skipped (ON CONFLICT waits for
+-- a concurrent inserter of that key to finish) and its caller reads the existing job
+-- by key. Keys are unique within one group, and the caller orders keyed rows by key
+-- (%(ords)s): two groups inserting the same keys take them in the same order, so
+-- they wait on each other instead of deadlocking. Rows are inserted in %(ords)s
+-- order, so ids grow with it: that is how key-less rows are matched to their callers.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ords)s::integer[], %(types)s::text[], %(queues)s::text[],
+                %(priorities)s::integer[], %(payloads)s::jsonb[], %(max_attempts)s::integer[],
+                %(backoffs)s::jsonb[], %(timeouts_ms)s::integer[], %(run_ats)s::timestamptz[],
+                %(delays_ms)s::bigint[], %(idempotency_keys)s::text[],
+                %(request_hashes)s::text[], %(start_bys)s::timestamptz[],
+                %(deadlines)s::timestamptz[], %(heartbeat_timeouts_ms)s::integer[],
+                %(limit_keys)s::text[], %(trace_contexts)s::jsonb[])
+         AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
+              delay_ms, idempotency_key, request_hash, start_by, deadline,
+              heartbeat_timeout_ms, limit_key, trace_context)
+)
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key, request_hash, start_by,
+                          deadline, heartbeat_timeout_ms, limit_key, trace_context)
+SELECT i.type, i.queue, i.priority, i.payload,
+       CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.idempotency_key, i.request_hash,
+       i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key, i.trace_context
+FROM input i
+CROSS JOIN LATERAL (
+    SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
+) AS r(run_at)
+ORDER BY i.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
