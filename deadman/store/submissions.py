@@ -5,14 +5,16 @@ caller the row made for it, or None where its idempotency key was already taken,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import Job
 from deadman.store.async_base import AsyncBase
-from deadman.store.jobs import NewJob, job_columns
+from deadman.store.jobs import NewJob
 from deadman.store.plans import jobs_of
 
 
@@ -28,13 +30,36 @@ def grouped_order(jobs: Sequence[NewJob]) -> list[int]:
 
 
 def grouped_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[str, Any]:
-    """job_insert_grouped's arrays, for ``jobs`` already in :func:`grouped_order`."""
-    return {
-        "ords": list(range(len(jobs))),
-        **job_columns(jobs, default_max_attempts),
-        "idempotency_keys": [j.idempotency_key for j in jobs],
-        "request_hashes": [j.request_hash() if j.idempotency_key else None for j in jobs],
-    }
+    """job_insert_grouped's one parameter: the group as one JSON document, for ``jobs``
+    already in :func:`grouped_order`. Its values are those job_insert binds one by
+    one (timestamps as ISO 8601 with their offset)."""
+    group = [
+        {
+            "ord": i,
+            "type": j.type,
+            "queue": j.queue,
+            "priority": j.priority,
+            "payload": j.payload,
+            "max_attempts": j.max_attempts or default_max_attempts,
+            "backoff": j.backoff.to_json(),
+            "timeout_ms": j.timeout_ms,
+            "run_at": _iso(j.run_at),
+            "delay_ms": j.delay_ms,
+            "idempotency_key": j.idempotency_key,
+            "request_hash": j.request_hash() if j.idempotency_key else None,
+            "start_by": _iso(j.start_by),
+            "deadline": _iso(j.deadline),
+            "heartbeat_timeout_ms": j.heartbeat_timeout_ms,
+            "limit_key": j.limit_key,
+            "trace_context": j.trace_context,
+        }
+        for i, j in enumerate(jobs)
+    ]
+    return {"group": json.dumps(group, ensure_ascii=False)}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def match_grouped(jobs: Sequence[NewJob], inserted: Sequence[Job]) -> list[Job | None]:
