@@ -82,6 +82,16 @@ class GroupCommit:
         self.groups = 0
         self.grouped = 0
 
+    @property
+    def waiting(self) -> int:
+        """Submissions waiting for a group (not yet being written)."""
+        return len(self._pending)
+
+    @property
+    def writing(self) -> int:
+        """Groups being written now."""
+        return len(self._writing)
+
     async def insert(self, job: NewJob) -> Job | None:
         """``job`` inserted, once its group committed; None: its key is taken."""
         if job.depends_on:
