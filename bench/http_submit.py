@@ -328,7 +328,7 @@ def run(
 
 
 def ab(
-    dsn: str,
+    cluster: Any,
     base_rev: str,
     reps: int,
     seconds: float,
@@ -337,19 +337,29 @@ def ab(
     logdir: Path,
     client: str = "raw",
 ) -> dict[str, Any]:
-    """``base_rev``'s server and this checkout's, alternating, ``reps`` times each; the
-    table is emptied before each server starts (the schema is this checkout's)."""
-    migrate(dsn)
+    """``base_rev``'s server and this checkout's, alternating, ``reps`` times each; each
+    side on its own database of ``cluster``, migrated by its own tree, emptied before
+    each of its servers starts."""
     keep: list[Path] = []
     runs: list[dict[str, Any]] = []
     try:
         base_tree, base_commit = common.revision_tree(base_rev, keep)
         this_tree, this_commit = common.revision_tree(".", keep)
         sides = {"base": (base_tree, base_commit), "this": (this_tree, this_commit)}
+        dsns = {side: common.create_database(cluster, f"http_ab_{side}") for side in sides}
+        for side, (tree, _) in sides.items():
+            subprocess.run(
+                [sys.executable, "-m", "deadman", "migrate", "--database-url", dsns[side]],
+                env=dict(os.environ, PYTHONPATH=str(tree)),
+                cwd=tree,
+                check=True,
+                capture_output=True,
+            )
         for rep in range(reps):
             order = ("base", "this") if rep % 2 == 0 else ("this", "base")
             for side in order:
                 tree, commit = sides[side]
+                dsn = dsns[side]
                 _reset(dsn)
                 server, url = serve(dsn, logdir / f"http-serve-{side}.log", tree)
                 try:
@@ -414,7 +424,9 @@ def main() -> None:
     with common.durable_cluster() as cluster:
         dsn = common.create_database(cluster, "http_bench")
         if args.base:
-            doc = ab(dsn, args.base, args.reps, args.seconds, args.clients, modes, out, args.client)
+            doc = ab(
+                cluster, args.base, args.reps, args.seconds, args.clients, modes, out, args.client
+            )
         else:
             doc = run(dsn, args.seconds, args.clients, out, modes, args.profile, args.client)
         doc["machine"] = common.machine(dsn)
