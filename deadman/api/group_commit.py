@@ -29,6 +29,7 @@ deadman.api.idempotency), or the error its own insert would have raised.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -117,12 +118,20 @@ class GroupCommit:
                 continue
             task = asyncio.create_task(self._write(group))
             self._writing.add(task)
-            task.add_done_callback(self._written)
+            task.add_done_callback(functools.partial(self._written, group))
 
-    def _written(self, task: asyncio.Task[None]) -> None:
+    def _written(self, group: list[_Pending], task: asyncio.Task[None]) -> None:
+        """A group ended: start the next. ``_write`` settles every request of its
+        group; if it raised anyway (a bug) or was cancelled, its requests get that
+        error rather than waiting for ever."""
         self._writing.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # a bug in _write
-            log.error("group_commit_failed", error=repr(task.exception()))
+        failure: BaseException | None = (
+            asyncio.CancelledError() if task.cancelled() else task.exception()
+        )
+        if failure is not None:
+            log.error("group_commit_failed", error=repr(failure))
+            for item in group:
+                _fail(item, failure)
         self._start()
 
     def _next_group(self) -> list[_Pending]:
