@@ -8,16 +8,29 @@ and once with an Idempotency-Key (a new key per job) — and POST /jobs/batch wi
 mode it checks that every acknowledged job is in the database exactly once and that
 the table holds no job that was not acknowledged; anything else fails the phase.
 
+The client threads run on the same two cores as the server and Postgres, so each
+mode also says where the CPU went: cores used by the server, Postgres, this
+harness (the httpx clients) and everything else on the box, and CPU µs per job.
+
 Part of ``python -m bench.run`` (phase ``http``); standalone, on its own cluster:
 
     .venv-bench/bin/python -m bench.http_submit --seconds 10 --clients 8
+    .venv-bench/bin/python -m bench.http_submit --modes keyed --profile /tmp/serve.txt
+    .venv-bench/bin/python -m bench.http_submit --base main --reps 3 --modes keyed
+
+``--base REV`` is a before/after: the server of that revision (a ``git worktree``)
+and of this checkout take turns, rep by rep, on one cluster, so a busy machine slows
+both alike; the harness (clients, verification) is this checkout's for both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +52,8 @@ MODE_LABELS = {
     "keyed": "`POST /jobs` with a new Idempotency-Key each",
     "batch": f"`POST /jobs/batch`, {BATCH} jobs per request",
 }
+#: cpu_snapshot's kinds, as this bench names them
+CPU_KINDS = {"workers": "server", "postgres": "postgres", "bench": "clients", "other": "others"}
 
 
 def free_port() -> int:
@@ -47,43 +62,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_mode(base: str, seconds: float, clients: int, mode: str) -> dict[str, Any]:
+def run_mode(
+    base: str, seconds: float, clients: int, mode: str, client: str = "raw"
+) -> dict[str, Any]:
     """One mode for ``seconds``; returns acknowledged ids, non-201 codes, elapsed time.
     Bounded in time (each client stops at the deadline; requests time out at 10 s) and
-    in count."""
+    in count. ``client``: "raw" (see RawHttp) or "httpx"."""
     ids: list[str] = []
     errors: list[int] = []
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
-    max_requests = int(seconds * 10_000)  # per client; far above what one server answers
+    max_requests = int(seconds * 20_000)  # per client; far above what one server answers
+    batch_body = json.dumps({"jobs": [{"type": "noop"} for _ in range(BATCH)]}).encode()
 
-    def client() -> None:
+    def one_client() -> None:
         mine: list[str] = []
         bad: list[int] = []
-        with httpx.Client(base_url=base, timeout=10.0) as http:
+        http: RawHttp | HttpxHttp = RawHttp(base) if client == "raw" else HttpxHttp(base)
+        try:
             for _ in range(max_requests):
                 if time.monotonic() >= deadline:
                     break
                 if mode == "batch":
-                    body: Any = {"jobs": [{"type": "noop"} for _ in range(BATCH)]}
-                    r = http.post("/jobs/batch", json=body)
-                    if r.status_code == 201:
-                        mine.extend(j["id"] for j in r.json()["jobs"])
+                    status, doc = http.post("/jobs/batch", batch_body, None)
+                    if status == 201:
+                        mine.extend(j["id"] for j in doc["jobs"])
                     else:
-                        bad.append(r.status_code)
+                        bad.append(status)
                     continue
-                headers = {"Idempotency-Key": uuid.uuid4().hex} if mode == "keyed" else {}
-                r = http.post("/jobs", json={"type": "noop"}, headers=headers)
-                if r.status_code == 201:
-                    mine.append(r.json()["id"])
+                key = uuid.uuid4().hex if mode == "keyed" else None
+                status, doc = http.post("/jobs", b'{"type":"noop"}', key)
+                if status == 201:
+                    mine.append(doc["id"])
                 else:
-                    bad.append(r.status_code)
+                    bad.append(status)
+        finally:
+            http.close()
         with lock:
             ids.extend(mine)
             errors.extend(bad)
 
     started = time.monotonic()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=one_client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,81 +112,290 @@ def run_mode(base: str, seconds: float, clients: int, mode: str) -> dict[str, An
     return {"mode": mode, "ids": ids, "errors": errors, "elapsed_s": elapsed}
 
 
-def run(dsn: str, seconds: float, clients: int, logdir: Path) -> dict[str, Any]:
-    """All three modes against one ``deadman serve`` on ``dsn`` (migrated here)."""
-    migrate(dsn)
+class RawHttp:
+    """One keep-alive HTTP/1.1 connection over a plain socket, one request at a time
+    (no pipelining): what httpx does for this bench, at a fraction of its CPU. httpx
+    spent about 570 µs of CPU per request here, on the same two cores as the server,
+    which capped the whole bench near 1,700 requests/s whatever the server did.
+    Understands exactly what deadman serve sends: a status line, headers with a
+    Content-Length, a JSON body."""
+
+    def __init__(self, base: str) -> None:
+        host, _, port = base.removeprefix("http://").partition(":")
+        self._host = host.encode()
+        self._sock = socket.create_connection((host, int(port)), timeout=10.0)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b""
+
+    def post(self, path: str, body: bytes, key: str | None) -> tuple[int, Any]:
+        head = (
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + self._host
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n"
+        )
+        if key is not None:
+            head += b"Idempotency-Key: " + key.encode() + b"\r\n"
+        self._sock.sendall(head + b"\r\n" + body)
+        while (end := self._buf.find(b"\r\n\r\n")) < 0:
+            self._fill()
+        lines = self._buf[:end].split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        self._buf = self._buf[end + 4 :]
+        while len(self._buf) < length:
+            self._fill()
+        raw, self._buf = self._buf[:length], self._buf[length:]
+        return status, json.loads(raw) if raw else None
+
+    def _fill(self) -> None:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self._buf += chunk
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class HttpxHttp:
+    """The same over httpx (the bench's client until the raw one)."""
+
+    def __init__(self, base: str) -> None:
+        self._http = httpx.Client(base_url=base, timeout=10.0)
+
+    def post(self, path: str, body: bytes, key: str | None) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        r = self._http.post(path, content=body, headers=headers)
+        return r.status_code, r.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def serve(dsn: str, log: Path, tree: Path = common.ROOT) -> tuple[subprocess.Popen[bytes], str]:
+    """``deadman serve`` from ``tree`` on a free port, once /ready says 200."""
+    port = free_port()
+    handle = log.open("ab")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "deadman", "serve", "--port", str(port), "--database-url", dsn],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONPATH=str(tree), DEADMAN_LOG_LEVEL="warning"),
+        cwd=tree,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"deadman serve exited with {server.returncode}")
+        try:
+            return httpx.get(base + "/ready", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        common.wait_for(ready, 30.0, "deadman serve ready", every=0.2)
+    except BaseException:
+        common.stop(server)
+        raise
+    return server, base
+
+
+def measure(
+    dsn: str,
+    server: subprocess.Popen[bytes],
+    base: str,
+    mode: str,
+    seconds: float,
+    clients: int,
+    acked_before: int,
+    profile: Path | None = None,
+    client: str = "raw",
+) -> dict[str, Any]:
+    """One mode against a running server, with its CPU split and its verification:
+    every acknowledged id stored once, no row that was not acknowledged."""
+    spy = _py_spy(server.pid, profile) if profile is not None else None
+    try:
+        cpu0 = common.cpu_snapshot([server.pid])
+        phase = run_mode(base, seconds, clients, mode, client)
+        cores = common.cpu_used(cpu0, phase["elapsed_s"], [server.pid])
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+    acked = len(phase["ids"])
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT id) FROM deadman.jobs WHERE id = ANY(%s::bigint[])",
+            [[int(i) for i in phase["ids"]]],
+        ).fetchone()
+        total = conn.execute("SELECT count(*) FROM deadman.jobs").fetchone()
+    assert row is not None and total is not None
+    found, distinct, rows_total = int(row[0]), int(row[1]), int(total[0])
+    verify = {
+        "acknowledged": acked,
+        "found": found,
+        "distinct": distinct,
+        "rows_in_table": rows_total,
+        "acknowledged_so_far": acked_before + acked,
+        "non_201": len(phase["errors"]),
+        "non_201_codes": sorted(set(phase["errors"])),
+        # every acknowledged job stored once, nothing stored that was not
+        # acknowledged, and no request refused
+        "ok": found == distinct == acked
+        and rows_total == acked_before + acked
+        and not phase["errors"]
+        and acked > 0,
+    }
+    per_request = BATCH if mode == "batch" else 1
+    cpu = {name: cores.get(kind, 0.0) for kind, name in CPU_KINDS.items()}
+    return {
+        "mode": mode,
+        "label": MODE_LABELS[mode],
+        "acknowledged": acked,
+        "requests_per_s": round(acked / per_request / phase["elapsed_s"], 1),
+        "jobs_per_s": round(acked / phase["elapsed_s"], 1),
+        "non_201": len(phase["errors"]),
+        "elapsed_s": round(phase["elapsed_s"], 3),
+        # cores used on average over the mode, and CPU µs per acknowledged job
+        "cpu_cores": cpu,
+        "cpu_us_per_job": {
+            k: round(v * phase["elapsed_s"] / acked * 1e6, 1) if acked else None
+            for k, v in cpu.items()
+        },
+        "verify": verify,
+        "ok": verify["ok"],
+    }
+
+
+def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    spy = Path(sys.executable).with_name("py-spy")
+    argv = [str(spy), "record", "--pid", str(pid), "--rate", "250", "--format", "raw"]
+    argv += ["--output", str(out), "--nonblocking"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attaches
+    return proc
+
+
+def _reset(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE deadman.jobs RESTART IDENTITY CASCADE")
-    port = free_port()
-    server = common.spawn(
-        [sys.executable, "-m", "deadman", "serve", "--port", str(port), "--database-url", dsn],
-        logdir / "http-serve.log",
-        {"DEADMAN_LOG_LEVEL": "warning"},
-    )
+
+
+def run(
+    dsn: str,
+    seconds: float,
+    clients: int,
+    logdir: Path,
+    modes: tuple[str, ...] = MODES,
+    profile: Path | None = None,
+    client: str = "raw",
+) -> dict[str, Any]:
+    """``modes`` against one ``deadman serve`` on ``dsn`` (migrated here); with
+    ``profile``, py-spy samples the server during the keyed mode into that file."""
+    migrate(dsn)
+    _reset(dsn)
+    server, base = serve(dsn, logdir / "http-serve.log")
     results: list[dict[str, Any]] = []
     acked_total = 0
     try:
-        base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            if server.poll() is not None:
-                raise RuntimeError(f"deadman serve exited with {server.returncode}")
-            try:
-                return httpx.get(base + "/ready", timeout=1.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        common.wait_for(ready, 30.0, "deadman serve ready", every=0.2)
-        for mode in MODES:
-            phase = run_mode(base, seconds, clients, mode)
-            acked = len(phase["ids"])
-            acked_total += acked
-            with psycopg.connect(dsn) as conn:
-                row = conn.execute(
-                    "SELECT count(*), count(DISTINCT id) FROM deadman.jobs"
-                    " WHERE id = ANY(%s::bigint[])",
-                    [[int(i) for i in phase["ids"]]],
-                ).fetchone()
-                total = conn.execute("SELECT count(*) FROM deadman.jobs").fetchone()
-            assert row is not None and total is not None
-            found, distinct, rows_total = int(row[0]), int(row[1]), int(total[0])
-            verify = {
-                "acknowledged": acked,
-                "found": found,
-                "distinct": distinct,
-                "rows_in_table": rows_total,
-                "acknowledged_so_far": acked_total,
-                "non_201": len(phase["errors"]),
-                "non_201_codes": sorted(set(phase["errors"])),
-                # every acknowledged job stored once, nothing stored that was not
-                # acknowledged, and no request refused
-                "ok": found == distinct == acked
-                and rows_total == acked_total
-                and not phase["errors"]
-                and acked > 0,
-            }
-            per_request = BATCH if mode == "batch" else 1
-            results.append(
-                {
-                    "mode": mode,
-                    "label": MODE_LABELS[mode],
-                    "acknowledged": acked,
-                    "requests_per_s": round(acked / per_request / phase["elapsed_s"], 1),
-                    "jobs_per_s": round(acked / phase["elapsed_s"], 1),
-                    "non_201": len(phase["errors"]),
-                    "elapsed_s": round(phase["elapsed_s"], 3),
-                    "verify": verify,
-                    "ok": verify["ok"],
-                }
-            )
+        for mode in modes:
+            spy = profile if mode == "keyed" else None
+            r = measure(dsn, server, base, mode, seconds, clients, acked_total, spy, client)
+            acked_total += r["acknowledged"]
+            results.append(r)
     finally:
         common.stop(server)
     return {
         "clients": clients,
+        "client": client,
         "seconds": seconds,
         "server": "one `deadman serve` process (one uvicorn worker), no job workers",
         "results": results,
-        "ok": len(results) == len(MODES) and all(r["ok"] for r in results),
+        "ok": len(results) == len(modes) and all(r["ok"] for r in results),
+    }
+
+
+def ab(
+    cluster: Any,
+    base_rev: str,
+    reps: int,
+    seconds: float,
+    clients: int,
+    modes: tuple[str, ...],
+    logdir: Path,
+    client: str = "raw",
+) -> dict[str, Any]:
+    """``base_rev``'s server and this checkout's, alternating, ``reps`` times each; each
+    side on its own database of ``cluster``, migrated by its own tree, emptied before
+    each of its servers starts."""
+    keep: list[Path] = []
+    runs: list[dict[str, Any]] = []
+    try:
+        base_tree, base_commit = common.revision_tree(base_rev, keep)
+        this_tree, this_commit = common.revision_tree(".", keep)
+        sides = {"base": (base_tree, base_commit), "this": (this_tree, this_commit)}
+        dsns = {side: common.create_database(cluster, f"http_ab_{side}") for side in sides}
+        for side, (tree, _) in sides.items():
+            subprocess.run(
+                [sys.executable, "-m", "deadman", "migrate", "--database-url", dsns[side]],
+                env=dict(os.environ, PYTHONPATH=str(tree)),
+                cwd=tree,
+                check=True,
+                capture_output=True,
+            )
+        for rep in range(reps):
+            order = ("base", "this") if rep % 2 == 0 else ("this", "base")
+            for side in order:
+                tree, commit = sides[side]
+                dsn = dsns[side]
+                _reset(dsn)
+                server, url = serve(dsn, logdir / f"http-serve-{side}.log", tree)
+                try:
+                    acked = 0
+                    for mode in modes:
+                        r = measure(dsn, server, url, mode, seconds, clients, acked, client=client)
+                        acked += r["acknowledged"]
+                        runs.append({"side": side, "commit": commit, "rep": rep, **r})
+                        print(
+                            f"rep {rep} {side:<4} {commit:<16} {mode:<6} "
+                            f"{r['jobs_per_s']:>9.0f} jobs/s  cores {r['cpu_cores']}  "
+                            f"ok={r['ok']}",
+                            flush=True,
+                        )
+                finally:
+                    common.stop(server)
+    finally:
+        common.remove_trees(keep)
+    summary = {
+        side: {
+            mode: common.median(
+                [r["jobs_per_s"] for r in runs if r["side"] == side and r["mode"] == mode]
+            )
+            for mode in modes
+        }
+        for side in ("base", "this")
+    }
+    return {
+        "base": base_rev,
+        "clients": clients,
+        "client": client,
+        "seconds": seconds,
+        "reps": reps,
+        "runs": runs,
+        "median_jobs_per_s": summary,
+        "ok": all(r["ok"] for r in runs),
     }
 
 
@@ -174,21 +403,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (default: all)",
+    )
+    parser.add_argument("--profile", type=Path, help="py-spy (raw) of the server, keyed mode")
+    parser.add_argument("--base", help="before/after against this revision's server")
+    parser.add_argument("--reps", type=int, default=3, help="with --base: runs per side")
+    parser.add_argument(
+        "--client", choices=("raw", "httpx"), default="raw", help="the load's HTTP client"
+    )
     args = parser.parse_args()
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: choose from {', '.join(MODES)}")
     out = common.ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     with common.durable_cluster() as cluster:
         dsn = common.create_database(cluster, "http_bench")
-        doc = run(dsn, args.seconds, args.clients, out)
+        if args.base:
+            doc = ab(
+                cluster, args.base, args.reps, args.seconds, args.clients, modes, out, args.client
+            )
+        else:
+            doc = run(dsn, args.seconds, args.clients, out, modes, args.profile, args.client)
         doc["machine"] = common.machine(dsn)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (out / f"http-{stamp}.json").write_text(json.dumps(doc, indent=2, default=str))
-    print(f"{'mode':<8} {'jobs/s':>9} {'requests/s':>11} {'acknowledged':>13} {'non-201':>8} ok")
-    for r in doc["results"]:
+        doc["load"] = common.load()
+    name = "http-ab" if args.base else "http"
+    (out / f"{name}-{stamp}.json").write_text(json.dumps(doc, indent=2, default=str))
+    if args.base:
+        for side, per_mode in doc["median_jobs_per_s"].items():
+            print(
+                f"median {side}: " + ", ".join(f"{m} {v:.0f} jobs/s" for m, v in per_mode.items())
+            )
+    else:
         print(
-            f"{r['mode']:<8} {r['jobs_per_s']:>9.0f} {r['requests_per_s']:>11.0f} "
-            f"{r['acknowledged']:>13} {r['non_201']:>8} {r['ok']}"
+            f"{'mode':<8} {'jobs/s':>9} {'requests/s':>11} {'acknowledged':>13} {'non-201':>8}"
+            " ok   cores (server/postgres/clients/others)"
         )
+        for r in doc["results"]:
+            c = r["cpu_cores"]
+            print(
+                f"{r['mode']:<8} {r['jobs_per_s']:>9.0f} {r['requests_per_s']:>11.0f} "
+                f"{r['acknowledged']:>13} {r['non_201']:>8} {r['ok']!s:<5}"
+                f"{c['server']:.2f}/{c['postgres']:.2f}/{c['clients']:.2f}/{c['others']:.2f}"
+            )
     if not doc["ok"]:
         raise SystemExit("verification failed")
 

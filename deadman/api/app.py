@@ -30,6 +30,7 @@ from deadman.api import (
     ui,
 )
 from deadman.api.auth import BearerAuth, DashboardSessions
+from deadman.api.group_commit import GroupCommit
 from deadman.api.limits import BodyLimit
 from deadman.api.problems import EXCEPTION_HANDLERS
 from deadman.api.state import ApiState
@@ -68,11 +69,13 @@ def create_app(
         store = AsyncStore(pool, retry_s=0)
         await store.open(wait=False)
         waiter = AsyncWaiter(dsn, pool=pool)
-        state.store, state.waiter = store, waiter
+        submitter = GroupCommit(store, settings.max_attempts)
+        state.store, state.waiter, state.submitter = store, waiter, submitter
         try:
             yield
         finally:
-            state.store = state.waiter = None
+            state.store = state.waiter = state.submitter = None
+            await submitter.close()
             await waiter.close()
             await store.close()
 

@@ -16,7 +16,7 @@ The fingerprint covers the request after defaults are applied: leaving out
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from deadman.api.problems import Problem
@@ -46,10 +46,14 @@ def reused(key: str, existing: str | None) -> Problem:
     )
 
 
-async def submit(store: AsyncStore, new: NewJob, default_max_attempts: int) -> Submitted:
-    """Create the job, or return the one this key already made from the same request."""
+async def submit(
+    store: AsyncStore, new: NewJob, insert: Callable[[NewJob], Awaitable[Job | None]]
+) -> Submitted:
+    """Create the job with ``insert`` (None: its key is taken; the API's is its group
+    commit, deadman.api.group_commit), or return the one this key already made from
+    the same request."""
     for _ in range(_ATTEMPTS):
-        job = await store.job_insert(new, default_max_attempts)
+        job = await insert(new)
         if job is not None:
             return Submitted(job, replayed=False)
         replay = await find_replay(store, new)

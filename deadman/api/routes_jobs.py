@@ -29,7 +29,8 @@ async def create_job(request: Request) -> Response:
     """201 and the new job, or 200 + ``Idempotent-Replayed`` for a replay.
 
     201 is sent only after the insert committed (autocommit, synchronous_commit on):
-    an acknowledged job survives any crash that follows.
+    an acknowledged job survives any crash that follows. Concurrent requests share
+    one insert and its commit (deadman.api.group_commit); each is answered after it.
     """
     state = api_state(request)
     key = schema.parse_idempotency_key(request.headers.get("idempotency-key"))
@@ -37,7 +38,7 @@ async def create_job(request: Request) -> Response:
     [new] = traced(request, [new])
     await check_queue_depth(state.store, state.settings.max_queue_depth, [new])
     try:
-        done = await submit(state.store, new, state.settings.max_attempts)
+        done = await submit(state.store, new, state.submitter.insert)
     except UnknownDependency as exc:
         raise validation([{"field": "depends_on", "message": str(exc)}]) from None
     headers = {"Location": f"/jobs/{done.job.id}"}

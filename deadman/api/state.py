@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from deadman.api.group_commit import GroupCommit
 from deadman.api.problems import Problem
 from deadman.config import Settings
 from deadman.store import AsyncStore
@@ -21,6 +22,8 @@ class ApiState:
     store: AsyncStore | None = field(default=None)
     #: The long-polls' one listener (GET /jobs/{id}?wait_ms=N), on the store's pool.
     waiter: AsyncWaiter | None = field(default=None)
+    #: POST /jobs's inserts, grouped (deadman.api.group_commit), on the store's pool.
+    submitter: GroupCommit | None = field(default=None)
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,14 @@ class Ready:
     schema_version: int
     store: AsyncStore
     waiter: AsyncWaiter
+    submitter: GroupCommit
 
 
 def api_state(request: Request) -> Ready:
     state: ApiState = request.app.state.deadman
-    if state.store is None or state.waiter is None:  # only outside the lifespan
+    if state.store is None or state.waiter is None or state.submitter is None:
+        # only outside the lifespan
         raise Problem(
             "not-ready", "the server is starting or stopping", headers={"Retry-After": "1"}
         )
-    return Ready(state.settings, state.schema_version, state.store, state.waiter)
+    return Ready(state.settings, state.schema_version, state.store, state.waiter, state.submitter)

@@ -1112,3 +1112,37 @@ SELECT now() AS now;
 -- system_identifier may not be: pg_control_system() can be revoked); the postmaster's
 -- start time tells two servers apart, read afresh on both sides for each comparison.
 SELECT current_database() AS database, pg_postmaster_start_time() AS started_at;
+
+-- name: job_insert_grouped
+-- POST /jobs under group commit (deadman/api/group_commit.py): the single submissions
+-- that arrived while the previous group was being written, in one statement, so in
+-- one transaction and one WAL flush; each request is answered once it returns. Jobs
+-- without depends_on only (those go through job_insert, with their locks). As in
+-- job_insert, a row whose idempotency key is taken is skipped (ON CONFLICT waits for
+-- a concurrent inserter of that key to finish) and its caller reads the existing job
+-- by key. Keys are unique within one group, and the caller orders keyed rows by key
+-- (ord): two groups inserting the same keys take them in the same order, so they
+-- wait on each other instead of deadlocking. Rows are inserted in ord order, so ids
+-- grow with it: that is how key-less rows are matched to their callers.
+-- The group is one JSON array of objects, as job_finish_many's batch (psycopg adapts
+-- parameter arrays element by element in Python); a payload of JSON null is stored
+-- as jsonb null, as job_insert stores it, not as SQL NULL.
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key, request_hash, start_by,
+                          deadline, heartbeat_timeout_ms, limit_key, trace_context)
+SELECT i.type, i.queue, i.priority, COALESCE(i.payload, 'null'::jsonb),
+       CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       i.max_attempts, i.backoff, i.timeout_ms, r.run_at, i.idempotency_key, i.request_hash,
+       i.start_by, i.deadline, i.heartbeat_timeout_ms, i.limit_key, i.trace_context
+FROM json_to_recordset(%(group)s::json)
+     AS i(ord integer, type text, queue text, priority integer, payload jsonb,
+          max_attempts integer, backoff jsonb, timeout_ms integer, run_at timestamptz,
+          delay_ms bigint, idempotency_key text, request_hash text, start_by timestamptz,
+          deadline timestamptz, heartbeat_timeout_ms integer, limit_key text,
+          trace_context jsonb)
+CROSS JOIN LATERAL (
+    SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
+) AS r(run_at)
+ORDER BY i.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;

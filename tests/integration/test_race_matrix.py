@@ -52,10 +52,12 @@ from deadman.store import (
     ClaimParams,
     Finish,
     HeartbeatParams,
+    NewJob,
     claim_params,
     finish_params,
     heartbeat_params,
 )
+from deadman.store.submissions import grouped_order, grouped_params
 from tests.factories import insert_job
 from tests.helpers import wait_for
 
@@ -80,6 +82,8 @@ class World:
     upstream: int | None = None
     upstream_token: int | None = None
     workflow: int | None = None
+    #: for submission cases: the job `job` holds the idempotency key IDEM
+    key_held: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class Stmt:
     #: ("read", "notified"; "lost": a lost wake-up), or None: the job has not ended.
     #: Waiters only.
     woken: Callable[[Conn, Conn, World, list[DictRow]], str | None] | None = None
+    #: creates the job holding IDEM when acknowledged (submissions)
+    inserts: bool = False
 
 
 def _rows(conn: Conn, query: str, params: dict[str, Any], *, prepare: bool = True) -> list[DictRow]:
@@ -254,6 +260,38 @@ def _any(rows: list[DictRow], w: World) -> bool:
     return bool(rows)
 
 
+#: the idempotency key the insert rows race on (setups "keyed_*" hold it already)
+IDEM = "race-idem"
+
+
+def _insert_single(conn: Conn, w: World) -> list[DictRow]:
+    """POST /jobs without group commit (and Client.enqueue): one job with IDEM."""
+    return _rows(conn, "job_insert", NewJob("race", queue=QUEUE, idempotency_key=IDEM).params(5))
+
+
+def _insert_grouped(other: str) -> Callable[[Conn, World], list[DictRow]]:
+    """POST /jobs under group commit: a group holding IDEM, the key ``other`` and a
+    key-less job (in grouped_order, as deadman.store.submissions sends it). Two
+    groups that share IDEM and ``zz-shared`` take them in the same (key) order."""
+
+    def run(conn: Conn, w: World) -> list[DictRow]:
+        jobs = [
+            NewJob("race", queue=QUEUE, idempotency_key=other),
+            NewJob("race", queue=QUEUE),
+            NewJob("race", queue=QUEUE, idempotency_key="zz-shared"),
+            NewJob("race", queue=QUEUE, idempotency_key=IDEM),
+        ]
+        ordered = [jobs[i] for i in grouped_order(jobs)]
+        return _rows(conn, "job_insert_grouped", grouped_params(ordered, 5))
+
+    return run
+
+
+def _made_idem(rows: list[DictRow], w: World) -> bool:
+    """The insert created the job holding IDEM (else the caller reads it as a replay)."""
+    return any(r["idempotency_key"] == IDEM for r in rows)
+
+
 S = JobState
 Out = AttemptOutcome
 STATEMENTS: dict[str, Stmt] = {
@@ -335,6 +373,12 @@ STATEMENTS: dict[str, Stmt] = {
         ),
         # a dead upstream is retried: the trigger reopens `job`, cancelled because of it
         Stmt("retry_upstream", ("job_retry",), _retry_upstream, _returned_upstream),
+        # submissions with an idempotency key (POST /jobs, one by one or grouped)
+        Stmt("insert", ("job_insert",), _insert_single, _made_idem, inserts=True),
+        *(
+            Stmt(name, ("job_insert_grouped",), _insert_grouped(other), _made_idem, inserts=True)
+            for name, other in [("insert_grouped", "race-a"), ("insert_grouped_2", "race-b")]
+        ),
     ]
 }
 
@@ -455,7 +499,27 @@ def _keyed(running: bool, lapsed: bool = False) -> Callable[[Conn], World]:
     return setup
 
 
+def _idem(state: str, **kw: Any) -> Callable[[Conn], World]:
+    """The job holding IDEM, in ``state`` (None: no job holds it yet; ``job`` is then
+    a bystander, queued)."""
+
+    def setup(conn: Conn) -> World:
+        j = insert_job(conn, state=state, queue=QUEUE, idempotency_key=IDEM, **kw)
+        return World(job=j.id, token=j.lease_token, key_held=True)
+
+    return setup
+
+
+def _idem_free(conn: Conn) -> World:
+    j = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+    return World(job=j.id)
+
+
 SETUPS: dict[str, Callable[[Conn], World]] = {
+    "idem_free": _idem_free,
+    "idem_queued": _idem("queued", run_in_s=-1),
+    "idem_dead_old": _idem("dead", finished_ago_s=2 * 86400),
+    "idem_succeeded_old": _idem("succeeded", finished_ago_s=2 * 86400),
     "queued_keyed": _keyed(running=False),
     "running_keyed_full": _keyed(running=True),
     "running_keyed_lapsed": _keyed(running=True, lapsed=True),
@@ -564,6 +628,17 @@ MATRIX: list[tuple[str, str, str]] = [
     ("waiting", "wait_flag", "cascade"),
     ("dead_old", "wait_flag", "retry"),
     ("succeeded_old", "wait_flag", "prune"),
+    # submissions of one idempotency key (POST /jobs, group commit or not): the second
+    # waits on the first's index entry and inserts nothing (its caller reads the job:
+    # a replay); against what a key's job meets meanwhile: cancel, retry, retention
+    ("idem_free", "insert_grouped", "insert"),
+    ("idem_free", "insert_grouped", "insert_grouped_2"),
+    ("idem_queued", "insert_grouped", "cancel"),
+    ("idem_queued", "insert_grouped", "claim"),
+    ("idem_dead_old", "insert_grouped", "retry"),
+    ("idem_dead_old", "insert_grouped", "prune"),
+    ("idem_succeeded_old", "insert_grouped", "prune"),
+    ("idem_succeeded_old", "insert", "prune"),
 ]
 
 
@@ -708,9 +783,36 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
     # no lost wake-up
     assert "lost" not in out.woken, f"a waiter missed the end of the job ({out.woken})"
 
+    _assert_one_job_per_key(conn, world, out)
+
     _assert_workflow_counters(conn, world)
     _assert_dependency_counters(conn)
     _assert_limits_held(conn, world, out)
+
+
+def _assert_one_job_per_key(conn: Conn, world: World, out: Outcome) -> None:
+    """Submissions of one key: at most one job holds it. With no job holding it
+    before, exactly one insert made it, and it is there. With one holding it, no
+    insert makes another, unless retention deleted that job (committed) first; a job
+    pruned after an insert found it is gone, key and all, and that caller, reading
+    no job, inserts again (deadman.api.idempotency)."""
+    inserts = [n for n in out.order if STATEMENTS[n].inserts]
+    if not inserts:
+        return
+    rows = conn.execute(
+        "SELECT id FROM deadman.jobs WHERE idempotency_key = %s", (IDEM,)
+    ).fetchall()
+    assert len(rows) <= 1, f"{len(rows)} jobs hold one idempotency key"
+    made = [n for n in inserts if out.acked[n]]
+    if not world.key_held:
+        assert len(made) == 1 and len(rows) == 1, (made, rows)
+    elif made:
+        pruned_first = out.acked.get("prune") and out.order.index("prune") < out.order.index(
+            made[0]
+        )
+        assert pruned_first and len(made) == 1, f"{made} made a second job for a taken key"
+    if made:
+        assert rows, f"{made} was acknowledged, then its job vanished"
 
 
 def _assert_limits_held(conn: Conn, world: World, out: Outcome) -> None:
