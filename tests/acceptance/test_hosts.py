@@ -391,7 +391,7 @@ def _row_if(dsn: str, job: int, state: str) -> dict[str, Any] | None:
 
 
 def _gone(dsn: str, job: int) -> bool:
-    return sql_value(dsn, "SELECT count(*) FROM deadman.jobs WHERE id = %s", (job,)) == 0
+    return bool(sql_value(dsn, "SELECT count(*) FROM deadman.jobs WHERE id = %s", (job,)) == 0)
 
 
 def _all_succeeded(dsn: str, ids: list[int]) -> bool:
