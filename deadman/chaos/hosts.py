@@ -1,8 +1,10 @@
-"""Many hosts on one machine: each "host" a network namespace of its own, made as the
-partition scenario makes one (:class:`deadman.chaos.netns.Partition`: loopback, a
-veth pair to the machine, a forwarder on the machine's end that relays to Postgres),
-so that a host can be cut off and healed like any partitioned worker, and so that
-what runs on it reaches Postgres the way a process on another machine would.
+"""Many hosts on one machine: three network namespaces, one of them on a clock hours off.
+
+Each host is made as the partition scenario makes one
+(:class:`deadman.chaos.netns.Partition`: loopback, a veth pair to the machine, a
+forwarder on the machine's end that relays to Postgres), so that a host can be cut
+off and healed like any partitioned worker, and so that what runs on it reaches
+Postgres the way a process on another machine would.
 
 A host's clock can be set hours off: its commands then run under libfaketime
 (Debian's ``faketime`` package), which moves every clock the process reads (wall
@@ -18,6 +20,8 @@ says why not); :func:`faketime_missing` says whether a skewed host can be had.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +47,18 @@ def skewed(skew: str = SKEW) -> tuple[str, ...]:
     """A command prefix that runs the rest of the command with its clocks ``skew`` off
     (libfaketime's offset syntax: ``+3h``, ``-90m``)."""
     return ("env", f"LD_PRELOAD={FAKETIME_LIB}", f"FAKETIME={skew}")
+
+
+def _free_tags(n: int) -> list[str]:
+    """``n`` Partition tags (numbers: the subnet is the tag modulo 250) whose subnets
+    no namespace on this machine uses now, so that a partition or hosts run of a
+    test running alongside (pytest-xdist) does not collide with these."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, timeout=10)
+    used = set(re.findall(r"10\.231\.(\d+)\.", shown.stdout))
+    pid = os.getpid()
+    base = pid * 1000 + pid % 250  # processes start at different subnets
+    tags = [str(base + k) for k in range(250) if str((base + k) % 250) not in used]
+    return tags[:n]
 
 
 @dataclass
@@ -87,11 +103,11 @@ class Hosts:
     hosts: list[Host] = field(default_factory=list)
 
     def setup(self) -> Hosts:
+        tags = _free_tags(len(NAMES))
         try:
             for i, name in enumerate(NAMES):
                 net = Partition.for_dsn(self.dsn)
-                # One tag per host: consecutive numbers, so subnets and link names differ.
-                net.tag = f"{os.getpid()}{i}"
+                net.tag = tags[i]
                 net.setup()
                 skew = self.skew if i == len(NAMES) - 1 else None
                 self.hosts.append(Host(name, net, skew))

@@ -1,9 +1,10 @@
-"""The app of the skewed host's workers: ``deadman worker --app
-deadman.chaos.hosts_app:registry``. The chaos handlers (deadman/chaos/app.py) plus
-one schedule declared in code, every second, into a queue no worker serves, so its
-ticks stay in the table to be read: each tick's idempotency key names the second it
-is for, and those seconds must be the database's, whatever the declaring worker's
-own clock says."""
+"""The skewed host's app: the chaos handlers and a per-second schedule declared in code.
+
+``deadman worker --app deadman.chaos.hosts_app:registry``: the chaos handlers
+(deadman/chaos/app.py) plus one schedule declared in code, every second, into a queue no
+worker serves, so its ticks stay in the table to be read: each tick's idempotency key
+names the second it is for, and those seconds must be the database's, whatever the
+declaring worker's own clock says."""
 
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
-"""The ``hosts`` scenario: the load phase on three hosts (deadman/chaos/hosts.py): the
-API server on the first, the worker slots spread over the other two (even slots on
-``workers-a``, odd ones on ``workers-b``, whose clock is hours ahead under
-libfaketime). Mid-run ``workers-a`` is cut off while one of its workers holds
-leases (the same episode as the partition, on a whole host) and healed once its
-leases lapsed and were rescued: by the skewed host's rescuer, whenever the
+"""The ``hosts`` scenario: the load phase on three hosts, one cut off, one hours off.
+
+The hosts are deadman/chaos/hosts.py's: the API server on the first, the worker slots
+spread over the other two (even slots on ``workers-a``, odd ones on ``workers-b``, whose
+clock is hours ahead under libfaketime). Mid-run ``workers-a`` is cut off while one of
+its workers holds leases (the same episode as the partition, on a whole host) and healed
+once its leases lapsed and were rescued: by the skewed host's rescuer, whenever the
 skewed host leads.
 
 The harness's own verification judges the rest: nothing lost, no effect doubled,
-duplicate executions counted. This episode adds what the database says about the
-skewed host's leases: each granted for the lease TTL on the database's clock, never
-hours ahead or behind.
+duplicate executions counted. This episode adds what the database says about the skewed
+host's leases: each granted for the lease TTL on the database's clock, never hours ahead
+or behind.
 
-Unlike the partition, which is skipped where the kernel refuses namespaces, asking
-for ``--hosts`` there is an error: the scenario is nothing but its hosts.
+Unlike the partition, which is skipped where the kernel refuses namespaces, asking for
+``--hosts`` there is an error: the scenario is nothing but its hosts.
 """
 
 from __future__ import annotations

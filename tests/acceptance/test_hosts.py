@@ -296,7 +296,7 @@ def test_three_hosts_one_cut_off_one_hours_off_follow_the_database_clock(
     w2 = worker_on(_spawner, plain, db_dsn, "deadman.chaos.app:registry", "worker-host2")
     id2 = wait_registered(db_dsn, w2.pid, START_S)
     batch = submit(api, [{"type": "chaos-effect", "payload": {"ms": HANDLER_MS}}] * 48)
-    wait_for(lambda: running_handlers(db_dsn, id2), 20, 0.02, "host 2 to run handlers")
+    wait_for(lambda: running_handlers(db_dsn, id2) > 0, 20, 0.02, "host 2 to run handlers")
     plain.cut()
     try:
         # Read once the link is down: no renewal can land after it, so these are the
@@ -375,6 +375,14 @@ def test_three_hosts_one_cut_off_one_hours_off_follow_the_database_clock(
     # again: by host 3, or by host 2 once it was back, but once (the effects above).
     assert {r["worker"] for r in finishers} <= {id2, id3}, finishers
     assert int(refused) > 0
+    # The cut landed mid-handler: a rescued job's handler ran on host 2, then again.
+    runs = sql_all(
+        db_dsn,
+        "SELECT job_id, count(DISTINCT lease_token) AS n FROM deadman.chaos_invocations"
+        " WHERE job_id = ANY(%s) GROUP BY job_id",
+        (rescued_ids,),
+    )
+    assert any(r["n"] >= 2 for r in runs), runs
     assert rescues(db_dsn, id3) == []  # the skewed host lost no lease of its own
 
 
