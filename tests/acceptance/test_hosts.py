@@ -19,9 +19,6 @@ never skips, since a skipped test proves nothing.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,9 +33,7 @@ from deadman.maintenance.scheduler import tick_key
 from tests.factories import connect, insert_job
 from tests.helpers import wait_for
 from tests.helpers.processes import (
-    FAST_ENV,
     LATE_S,
-    REPO,
     START_TIMEOUT_S,
     Proc,
     Spawner,
@@ -99,27 +94,8 @@ def start_on(
     """Run ``deadman <args>`` on ``host`` (its namespace, its clock), reaching the
     database through the host's link. The spawner kills it at teardown and prints
     its log if the test failed."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DEADMAN_")}
-    full_env.update(FAST_ENV, **HOST_ENV, **env)
-    full_env.update(DEADMAN_DATABASE_URL=host.dsn(dsn), PYTHONUNBUFFERED="1")
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
-    )
-    argv = [*host.prefix(), sys.executable, "-m", "deadman", *args]
-    log_path = spawner._tmp / f"{len(spawner.procs):02d}-{name}.log"
-    log_file = log_path.open("wb")
-    popen = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    proc = Proc(name=name, argv=argv, popen=popen, log_path=log_path, log_file=log_file)
-    spawner.procs.append(proc)
-    return proc
+    url = {"DEADMAN_DATABASE_URL": host.dsn(dsn)}
+    return spawner.start(args, name, {**HOST_ENV, **env, **url}, prefix=host.prefix())
 
 
 def worker_on(spawner: Spawner, host: Host, dsn: str, app: str, name: str, **env: str) -> Proc:
