@@ -48,7 +48,13 @@ def add_parsers(
         help="operator actions (cancel, retry, replay, pause, 1 s retention) under kills; "
         "own database",
     )
-    ch.add_argument("--all", action="store_true", help="every scenario (the default)")
+    ch.add_argument(
+        "--hosts",
+        action="store_true",
+        help="API and two worker hosts in network namespaces, one cut off and healed, "
+        "one's clock hours off (needs root and libfaketime; not in --all)",
+    )
+    ch.add_argument("--all", action="store_true", help="every scenario but --hosts (the default)")
     ch.add_argument("--report", help="also write the report as JSON to this path")
     ch.set_defaults(func=cmd_chaos)
 

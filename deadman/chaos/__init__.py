@@ -11,6 +11,9 @@ acknowledged job ran to exactly one effect.
 - ``workers``: the worker processes the harness owns (spawn, SIGKILL, SIGSTOP, RSS).
 - ``scenarios``: the fault episodes (zombie, Postgres restart, partition) and their thread.
 - ``netns``: the network namespace, veth and forwarder a partitioned worker sits behind.
+- ``hosts``: three such namespaces as hosts, one on a clock hours off (libfaketime);
+  ``hosts_scenario`` runs the load phase on them (``--hosts``: one host cut off and
+  healed; ``hosts.sql``), ``hosts_app`` is the skewed workers' app (in the test).
 - ``submit`` and ``http``: the two submission paths (Python client, ``deadman serve``).
 - ``load``: the load phase (fleet, submitter, episodes, the tick loop, the drain).
 - ``verify``: the checks, from the named queries in ``verify.sql``.

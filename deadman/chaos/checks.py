@@ -42,6 +42,20 @@ _EPISODES = [
         _CUT_KEYS,
     ),
     (
+        "hosts",
+        "hosts",
+        "hosts: a worker host cut off past its leases and healed, one hours off; "
+        "late writes refused or given up, the skewed host's leases on the database clock",
+        [
+            *_CUT_KEYS,
+            "host",
+            "skew",
+            "skewed_workers_faked",
+            "skewed_leases",
+            "skewed_lease_left_s",
+        ],
+    ),
+    (
         "pg-restart",
         "pg-restart-fast",
         "postgres restart (fast): workers reconnected on their own",

@@ -16,7 +16,7 @@ from typing import Any
 #: The one-off episodes, in the order they run (one at a time, while kills go on).
 #: Those that need a worker holding leases go first, while the queue is still full;
 #: a restart can be judged by heartbeats alone, so it goes last.
-EPISODES = ("zombie", "partition", "pg-restart-fast", "pg-restart-immediate")
+EPISODES = ("zombie", "partition", "hosts", "pg-restart-fast", "pg-restart-immediate")
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ class Run:
             load.teardown()
         # Runs that kill things mid-handler must show duplicate executions; a Postgres
         # restart alone may or may not catch a handler between its two writes.
-        faults = bool(o.scenarios & {"kill", "zombie", "conn-kill", "partition"})
+        faults = bool(o.scenarios & {"kill", "zombie", "conn-kill", "partition", "hosts"})
         acked = load.submitter.acked
         f = figures(dsn, load.submitter.prefix, acked)
         checks = database_checks(f, acked, faults) + load_checks(load, f)

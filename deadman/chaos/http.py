@@ -56,8 +56,19 @@ class ApiServer:
     """``deadman serve`` on a free 127.0.0.1 port, owned by the harness; ``depth_cap``
     None: no DEADMAN_MAX_QUEUE_DEPTH."""
 
-    def __init__(self, dsn: str, log_dir: Path, depth_cap: int | None, name: str = "api") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        log_dir: Path,
+        depth_cap: int | None,
+        name: str = "api",
+        prefix: Sequence[str] = (),
+        host: str = "127.0.0.1",
+    ) -> None:
         self.dsn = dsn
+        # prefix/host: run it on another "host" (deadman/chaos/hosts.py), at its address
+        self.prefix = tuple(prefix)
+        self.host = host
         self.port = _free_port()
         self.log_path = log_dir / f"{name}.log"
         self.depth_cap = depth_cap
@@ -72,7 +83,7 @@ class ApiServer:
             DEADMAN_LOG_LEVEL="warning",
             DEADMAN_LOG_FORMAT="json",
         )
-        argv = [sys.executable, "-m", "deadman", "serve", "--host", "127.0.0.1"]
+        argv = [*self.prefix, sys.executable, "-m", "deadman", "serve", "--host", self.host]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*argv, "--port", str(self.port)],
@@ -86,7 +97,7 @@ class ApiServer:
             if self.proc.poll() is not None:
                 break
             with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
                 conn.request("GET", "/ready")
                 if conn.getresponse().status == 200:
                     conn.close()
@@ -122,8 +133,9 @@ class ApiClient:
     """One keep-alive connection to the harness's API server (reopened after any
     trouble), counting the statuses it got. Not thread-safe: one per thread."""
 
-    def __init__(self, port: int, timeout: float = 60.0) -> None:
+    def __init__(self, port: int, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
         self.port = port
+        self.host = host
         self.timeout = timeout
         self.statuses: dict[int, int] = {}
         self._conn: http.client.HTTPConnection | None = None
@@ -145,7 +157,7 @@ class ApiClient:
         HTTPException propagate; ``give_up_after`` seconds without an answer raise
         _Timeout (the request itself was sent whole)."""
         if self._conn is None:
-            self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         conn = self._conn
         try:
             conn.request(
@@ -201,7 +213,7 @@ class HttpSubmitter(SubmitterBase):
         self.api = api
         self.job_fields = job_fields
         self.faults = faults
-        self.client = ApiClient(api.port)
+        self.client = ApiClient(api.port, host=api.host)
         self.statuses = self.client.statuses
         self.client_timeouts = 0
         self.duplicates_sent = 0

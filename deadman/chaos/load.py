@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from deadman import devdb
-from deadman.chaos import netns
+from deadman.chaos import hosts_scenario, netns
 from deadman.chaos.faults import EPISODES, Applied, FaultPlan
+from deadman.chaos.hosts import Hosts
 from deadman.chaos.http import BATCH, ApiServer, HttpSubmitter
 from deadman.chaos.kills import apply_tick
 from deadman.chaos.limits import limited
@@ -35,6 +36,7 @@ EPISODE_SCENARIO = {
     "pg-restart-fast": "pg-restart",
     "pg-restart-immediate": "pg-restart",
     "partition": "partition",
+    "hosts": "hosts",
 }
 
 
@@ -89,6 +91,7 @@ class LoadPhase:
     api_exit: int | None = None
     net: Partition | None = None
     net_unavailable: str = "not requested"
+    hosts: Hosts | None = None  # the hosts scenario's three namespaces
     submitter: AnySubmitter = field(init=False)  # made by run
 
     def __post_init__(self) -> None:
@@ -111,10 +114,13 @@ class LoadPhase:
         partition_slot = ctx.plan.episode_slot("partition")
         if "partition" in o.scenarios:
             self._partition_setup(partition_slot)
+        if "hosts" in o.scenarios:
+            self.hosts = hosts_scenario.make(self.dsn)
+            hosts_scenario.place(pool, self.hosts)
         deadline = time.monotonic() + o.timeout
         skipped = self._skipped()
         episodes = [e for e in EPISODES if EPISODE_SCENARIO[e] in o.scenarios and e not in skipped]
-        runner = EpisodeRunner(ctx, episodes, skipped, self.net, partition_slot)
+        runner = EpisodeRunner(ctx, episodes, skipped, self.net, partition_slot, self.hosts)
         self.episodes = runner.results
         self.submitter = submitter = self._submitter(deadline)
         self.clock.restart()
@@ -151,6 +157,9 @@ class LoadPhase:
         if self.net is not None:
             self.net.teardown()
             self.net = None
+        if self.hosts is not None:
+            self.hosts.teardown()
+            self.hosts = None
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -163,7 +172,14 @@ class LoadPhase:
             return Submitter(self.dsn, run)
         # A cap well below the run's size: submission meets 429 and has to wait for
         # the fleet, which is what "producers outrun consumers" is about over HTTP.
-        self.api = ApiServer(self.dsn, self.log_dir, depth_cap=max(2 * BATCH, o.jobs // 5))
+        cap = max(2 * BATCH, o.jobs // 5)
+        if self.hosts is None:
+            self.api = ApiServer(self.dsn, self.log_dir, depth_cap=cap)
+        else:  # on the first host, reaching Postgres through its link
+            host = self.hosts.api
+            self.api = ApiServer(
+                host.dsn(self.dsn), self.log_dir, cap, prefix=host.prefix(), host=host.address
+            )
         return HttpSubmitter(
             self.api,
             run,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
 from deadman.chaos.faults import Applied, FaultPlan
+from deadman.chaos.hosts import Hosts
+from deadman.chaos.hosts_scenario import cut_slot, lease_clock, skewed_workers
 from deadman.chaos.netns import Partition
 from deadman.chaos.probe import Db
 from deadman.chaos.workers import WorkerPool
@@ -165,6 +167,22 @@ def partition(ctx: Context, net: Partition, slot: int) -> dict[str, Any]:
     return _cut_off(ctx, slot, net.cut, net.heal, "partition")
 
 
+def hosts_cut(ctx: Context, hosts: Hosts) -> dict[str, Any]:
+    """Cut the first worker host off (every slot on it) past a watched worker's
+    leases, then heal it; just before the heal, while the skewed host runs what was
+    rescued, read how its leases stand on the database's clock."""
+    slot = cut_slot(ctx.pool, ctx.plan.episode_slot("partition"))
+    host, seen = hosts.workers[0], {}
+
+    def heal() -> None:
+        seen.update(lease_clock(ctx.db.dsn, skewed_workers(ctx.pool), ctx.ttl_s))
+        host.heal()
+
+    result = _cut_off(ctx, slot, host.cut, heal, "host-cut")
+    ok = bool(result.get("ok")) and bool(seen.get("leases_ok"))
+    return {**result, **seen, "ok": ok, "host": host.name}
+
+
 def pg_restart(ctx: Context, mode: str) -> dict[str, Any]:
     """Restart Postgres under the fleet; then every worker that was running must
     send a heartbeat again on its own (no worker may die of it)."""
@@ -240,11 +258,13 @@ class EpisodeRunner(threading.Thread):
         skipped: dict[str, str],
         net: Partition | None,
         partition_slot: int,
+        hosts: Hosts | None = None,
     ) -> None:
         super().__init__(name="chaos-episodes", daemon=True)
         self.ctx = ctx
         self.net = net
         self.partition_slot = partition_slot
+        self.hosts = hosts
         self.episodes = episodes
         self.results: dict[str, dict[str, Any]] = {
             name: {"skipped": why} for name, why in skipped.items()
@@ -263,6 +283,8 @@ class EpisodeRunner(threading.Thread):
                         self.results[name] = zombie(self.ctx)
                     elif name == "partition" and self.net is not None:
                         self.results[name] = partition(self.ctx, self.net, self.partition_slot)
+                    elif name == "hosts" and self.hosts is not None:
+                        self.results[name] = hosts_cut(self.ctx, self.hosts)
                     elif name.startswith("pg-restart-"):
                         self.results[name] = pg_restart(self.ctx, name.removeprefix("pg-restart-"))
                 except Exception as exc:  # report it as the episode's failure

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -266,7 +267,14 @@ class Spawner:
         self._tmp = tmp_path
         self.procs: list[Proc] = []
 
-    def start(self, args: list[str], name: str, env: dict[str, str | float | int]) -> Proc:
+    def start(
+        self,
+        args: list[str],
+        name: str,
+        env: dict[str, str | float | int],
+        prefix: Sequence[str] = (),
+    ) -> Proc:
+        """``deadman <args>``; ``prefix`` goes before it (e.g. ``ip netns exec <ns>``)."""
         full_env = dict(os.environ)
         # Only what the test says: no database URL or timing leaking in from outside.
         for key in [k for k in full_env if k.startswith("DEADMAN_")]:
@@ -277,7 +285,7 @@ class Spawner:
             p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
         )
         full_env["PYTHONUNBUFFERED"] = "1"
-        argv = [sys.executable, "-m", "deadman", *args]
+        argv = [*prefix, sys.executable, "-m", "deadman", *args]
         log_path = self._tmp / f"{len(self.procs):02d}-{name}.log"
         log_file = log_path.open("wb")
         popen = subprocess.Popen(

@@ -158,6 +158,8 @@ USAGE: list[list[str]] = [
     ["chaos", "--seed", "²"],
     ["chaos", "--timeout", "-1"],
     ["chaos", "--handler-ms", "-1"],
+    ["chaos", "--hosts=1"],
+    ["chaos", "--hosts", "--partition"],
     ["devdb", "frobnicate"],
     ["enqueue"],  # no type: "type: is required", before any connection
     ["enqueue", "t", "--priority", "²"],
