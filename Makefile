@@ -44,7 +44,7 @@ fmt: install ## Format and auto-fix lint
 # pytest exits 5 when it collects nothing; that fails the target like any failure.
 # Two pytest-xdist workers (DECISIONS 43), each with its own throwaway cluster.
 TEST_WORKERS ?= 2
-test: check browser-deps pgbouncer-deps ## check, then the whole test suite
+test: check browser-deps pgbouncer-deps faketime-deps ## check, then the whole test suite
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 demo: install ## Start a private Postgres and run the demo
@@ -94,6 +94,15 @@ COMPOSE_TEST_LIMIT_S ?= 1200
 .PHONY: test-compose
 test-compose: install ## Bring up deploy/docker-compose.yml and check it (docker; root installs it)
 	HOST_PYTHON=$(BIN)/python timeout -k 120 $(COMPOSE_TEST_LIMIT_S) deploy/test_compose.sh
+
+# The many-hosts tests (tests/acceptance/test_hosts.py, chaos --hosts) run one host's
+# worker under libfaketime (Debian's faketime package). Installed only when missing.
+.PHONY: faketime-deps
+faketime-deps: ## Install libfaketime for the many-hosts tests (root + apt-get only)
+	@if [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; \
+	else echo "faketime-deps: libfaketime missing and cannot apt-get it (not root?)" >&2; fi
 
 # The PgBouncer tests (tests/pgbouncer/) start Debian's pgbouncer in transaction mode in
 # front of the test cluster. Installed only when missing, and only where we can.
