@@ -2,7 +2,8 @@
 
 Starts ``deadman serve`` (one process, one uvicorn worker) on 127.0.0.1 against a
 fresh database, then for ``seconds`` each: ``clients`` threads, each with one
-keep-alive httpx client, POST /jobs as fast as the answers come back — once without
+keep-alive connection (a plain socket client by default, ``--client httpx`` for httpx),
+POST /jobs as fast as the answers come back — once without
 and once with an Idempotency-Key (a new key per job) — and POST /jobs/batch with
 100 jobs per request. No worker runs: this measures submission only. After each
 mode it checks that every acknowledged job is in the database exactly once and that
@@ -10,7 +11,7 @@ the table holds no job that was not acknowledged; anything else fails the phase.
 
 The client threads run on the same two cores as the server and Postgres, so each
 mode also says where the CPU went: cores used by the server, Postgres, this
-harness (the httpx clients) and everything else on the box, and CPU µs per job.
+harness (the clients) and everything else on the box, and CPU µs per job.
 
 Part of ``python -m bench.run`` (phase ``http``); standalone, on its own cluster:
 
