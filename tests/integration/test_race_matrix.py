@@ -294,6 +294,14 @@ def _made_idem(rows: list[DictRow], w: World) -> bool:
 
 S = JobState
 Out = AttemptOutcome
+#: how each finish ends its attempt: the job's next state and the attempt's outcome
+OUTCOMES = {
+    "succeeded": (S.SUCCEEDED, Out.SUCCEEDED),
+    "retrying": (S.RETRYING, Out.FAILED),
+    "dead": (S.DEAD, Out.FAILED),
+    "cancelled": (S.CANCELLED, Out.CANCELLED),
+    "released": (S.QUEUED, Out.RELEASED),
+}
 STATEMENTS: dict[str, Stmt] = {
     s.name: s
     for s in [
@@ -301,22 +309,24 @@ STATEMENTS: dict[str, Stmt] = {
         Stmt("limit_tighten", ("limit_put",), _limit_tighten, lambda rows, w: bool(rows)),
         Stmt("claim_quarantined", ("job_claim_quarantined",), _claim_quarantined, _returned_job),
         Stmt("heartbeat", ("job_heartbeat_many",), _heartbeat, _returned_job, fenced=True),
+        # the finishes alone, and as the completer's refill sends two of them (DECISIONS
+        # 45): an outcome and the next claim in one transaction (a retry with no backoff
+        # is due again inside it)
         *(
             Stmt(
-                f"finish_{name}",
-                ("job_finish_many",),
-                _finish(st, o),
+                f"finish_{'claim_' if claim else ''}{name}",
+                ("job_finish_many", "job_claim") if claim else ("job_finish_many",),
+                _finish(st, o, claim=claim),
                 _returned_job,
                 fenced=True,
                 ends_lease=True,
             )
-            for name, st, o in [
-                ("succeeded", S.SUCCEEDED, Out.SUCCEEDED),
-                ("retrying", S.RETRYING, Out.FAILED),
-                ("dead", S.DEAD, Out.FAILED),
-                ("cancelled", S.CANCELLED, Out.CANCELLED),
-                ("released", S.QUEUED, Out.RELEASED),
+            for claim, cases in [
+                (False, ["succeeded", "retrying", "dead", "cancelled", "released"]),
+                (True, ["succeeded", "retrying"]),
             ]
+            for name in cases
+            for st, o in [OUTCOMES[name]]
         ),
         Stmt(
             "finish_in_transaction",
@@ -325,22 +335,6 @@ STATEMENTS: dict[str, Stmt] = {
             _returned_job,
             fenced=True,
             ends_lease=True,
-        ),
-        # the completer's refill (DECISIONS 45): an outcome and the next claim commit
-        # together; a retry with no backoff is due again inside that transaction
-        *(
-            Stmt(
-                f"finish_claim_{name}",
-                ("job_finish_many", "job_claim"),
-                _finish(st, o, claim=True),
-                _returned_job,
-                fenced=True,
-                ends_lease=True,
-            )
-            for name, st, o in [
-                ("succeeded", S.SUCCEEDED, Out.SUCCEEDED),
-                ("retrying", S.RETRYING, Out.FAILED),
-            ]
         ),
         Stmt("cancel", ("job_cancel",), _cancel, _returned_job),
         Stmt("retry", ("job_retry",), _retry, _returned_job),
