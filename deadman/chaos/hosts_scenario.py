@@ -19,6 +19,8 @@ Unlike the partition, which is skipped where the kernel refuses namespaces, aski
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, LiteralString
@@ -103,3 +105,41 @@ def lease_clock(dsn: str, pids: list[int], ttl_s: float) -> dict[str, Any]:
         "skewed_lease_left_s": None if lo is None or hi is None else [round(lo, 2), round(hi, 2)],
         "leases_ok": ok,
     }
+
+
+class LeaseWatch:
+    """:func:`lease_clock`, read every 0.1 s from a thread while the other host is cut
+    off (``start`` at the cut, ``stop`` before the heal). One instant proves nothing:
+    the skewed host may hold no lease (a kill just replaced its worker, its slots are
+    between claims, or the queue ran dry during a long cut), or a worker a kill just
+    started may not be readable yet. The verdict: some reading conclusive (a lease
+    held, every worker seen faked), and no reading with a lease ending past the TTL."""
+
+    def __init__(self, dsn: str, pids: Callable[[], list[int]], ttl_s: float) -> None:
+        self._dsn, self._pids, self._ttl_s = dsn, pids, ttl_s
+        self._readings: list[dict[str, Any]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self._readings.append(lease_clock(self._dsn, self._pids(), self._ttl_s))
+            self._done.wait(0.1)
+
+    def stop(self) -> dict[str, Any]:
+        self._done.set()
+        self._thread.join(10.0)
+        readings = self._readings or [lease_clock(self._dsn, self._pids(), self._ttl_s)]
+        bound = self._ttl_s + LEASE_SLACK_S
+        late = [
+            r
+            for r in readings
+            if r.get("skewed_leases") and (r.get("skewed_lease_left_s") or [0.0, 0.0])[1] > bound
+        ]
+        good = [r for r in readings if r.get("leases_ok")]
+        final = late[0] if late else max(good or readings, key=lambda r: r.get("skewed_leases", 0))
+        ok = bool(good) and not late
+        return {**final, "leases_ok": ok, "lease_readings": len(readings)}

@@ -14,7 +14,7 @@ from typing import Any, LiteralString
 
 from deadman.chaos.faults import Applied, FaultPlan
 from deadman.chaos.hosts import Hosts
-from deadman.chaos.hosts_scenario import cut_slot, lease_clock, skewed_workers
+from deadman.chaos.hosts_scenario import LeaseWatch, cut_slot, skewed_workers
 from deadman.chaos.netns import Partition
 from deadman.chaos.probe import Db
 from deadman.chaos.workers import WorkerPool
@@ -174,11 +174,17 @@ def hosts_cut(ctx: Context, hosts: Hosts) -> dict[str, Any]:
     slot = cut_slot(ctx.pool, ctx.plan.episode_slot("partition"))
     host, seen = hosts.workers[0], {}
 
+    watch = LeaseWatch(ctx.db.dsn, lambda: skewed_workers(ctx.pool), ctx.ttl_s)
+
+    def cut() -> None:
+        host.cut()
+        watch.start()  # while the skewed host runs what is rescued
+
     def heal() -> None:
-        seen.update(lease_clock(ctx.db.dsn, skewed_workers(ctx.pool), ctx.ttl_s))
+        seen.update(watch.stop())
         host.heal()
 
-    result = _cut_off(ctx, slot, host.cut, heal, "host-cut")
+    result = _cut_off(ctx, slot, cut, heal, "host-cut")
     ok = bool(result.get("ok")) and bool(seen.get("leases_ok"))
     return {**result, **seen, "ok": ok, "host": host.name}
 
