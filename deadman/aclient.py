@@ -20,7 +20,7 @@ from deadman import connections
 from deadman.clientcore.core import Awaiting, Call
 from deadman.clientcore.surface import Operations
 from deadman.config import Settings
-from deadman.db.pool import AsyncConn, async_pool
+from deadman.db.pool import AsyncConn, async_pool, ready_async_pool
 from deadman.errors import translate
 from deadman.model import Job
 from deadman.store import plans
@@ -41,15 +41,16 @@ class AsyncClient(Operations, Awaiting):
         self._pool_lock = asyncio.Lock()
         self._waiter: AsyncWaiter | None = None
 
+    def _new_pool(self) -> AsyncConnectionPool[AsyncConn]:
+        # autocommit, as the sync client's: one statement, one round trip
+        return async_pool(self.dsn, name="deadman-async-client")
+
     async def _get_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is not None:  # the path of every call after the first
             return self._pool
         async with self._pool_lock:
             if self._pool is None:
-                # autocommit, as the sync client's: one statement, one round trip
-                pool = async_pool(self.dsn, name="deadman-async-client")
-                await pool.open()
-                self._pool = pool
+                self._pool = await ready_async_pool(self._new_pool())
             return self._pool
 
     async def wait(self, job_id: int, timeout: float) -> Job:

@@ -23,7 +23,7 @@ from deadman.clientcore.core import Blocking, Call
 from deadman.clientcore.options import JobOptions
 from deadman.clientcore.surface import Operations
 from deadman.config import Settings
-from deadman.db.pool import sync_pool
+from deadman.db.pool import ready_sync_pool, sync_pool
 from deadman.errors import translate
 from deadman.model import Job
 from deadman.store import plans
@@ -44,13 +44,16 @@ class Client(Operations, Blocking):
         self._pool_lock = threading.Lock()
         self._waiter: Waiter | None = None
 
+    def _new_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        # Autocommit: a single enqueue is one statement, so it commits in the same
+        # round trip (no separate COMMIT: measured in the latency benchmark); the
+        # multi-statement plans open their own transaction.
+        return sync_pool(self.dsn, name="deadman-client", max_size=4)
+
     def _get_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._pool_lock:
             if self._pool is None:
-                # Autocommit: a single enqueue is one statement, so it commits in the
-                # same round trip (no separate COMMIT: measured in the latency
-                # benchmark); the multi-statement plans open their own transaction.
-                self._pool = sync_pool(self.dsn, name="deadman-client", max_size=4)
+                self._pool = ready_sync_pool(self._new_pool())
             return self._pool
 
     def wait(self, job_id: int, timeout: float) -> Job:

@@ -46,13 +46,8 @@ class _AsyncShardClient(AsyncClient):
         self._name = f"deadman-async-shard-{shard.name}"
         self._timeout = timeout
 
-    async def _get_pool(self) -> Any:
-        async with self._pool_lock:
-            if self._pool is None:
-                pool = async_pool(self.dsn, name=self._name, timeout=self._timeout)
-                await pool.open()
-                self._pool = pool
-        return await super()._get_pool()
+    def _new_pool(self) -> Any:
+        return async_pool(self.dsn, name=self._name, timeout=self._timeout)
 
 
 class AsyncShardedClient(Router[AsyncClient]):
@@ -147,7 +142,9 @@ class AsyncShardedClient(Router[AsyncClient]):
         rested = self._refuse_if_resting(shard)
         try:
             if rested:
-                await (await self._clients[shard.name]._get_pool()).check()
+                pool = self._clients[shard.name]._pool
+                if pool is not None:  # (no pool yet: nothing to check)
+                    await pool.check()
             if not self._is_checked(shard):
                 timeout = max(1, round(self._timeout))
                 with translate():

@@ -44,11 +44,8 @@ class _ShardClient(Client):
         self._name = f"deadman-shard-{shard.name}"
         self._timeout = timeout
 
-    def _get_pool(self) -> Any:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = sync_pool(self.dsn, name=self._name, max_size=4, timeout=self._timeout)
-        return super()._get_pool()
+    def _new_pool(self) -> Any:
+        return sync_pool(self.dsn, name=self._name, max_size=4, timeout=self._timeout)
 
 
 class ShardedClient(Router[Client]):
@@ -159,8 +156,9 @@ class ShardedClient(Router[Client]):
         """The shard's client, its ids checked once; its outage as ShardUnavailable."""
         rested = self._refuse_if_resting(shard)
         try:
-            if rested:
-                self._clients[shard.name]._get_pool().check()
+            pool = self._clients[shard.name]._pool
+            if rested and pool is not None:  # (no pool yet: nothing to check)
+                pool.check()
             if not self._is_checked(shard):
                 timeout = max(1, round(self._timeout))
                 with translate(), psycopg.connect(shard.url, connect_timeout=timeout) as conn:

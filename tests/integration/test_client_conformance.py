@@ -124,6 +124,26 @@ def _count(dsn: str, where: str = "true") -> int:
     return int(row["n"])
 
 
+# -- the client's own pool -------------------------------------------------------------
+
+
+def _pool_size(side: Side) -> int:
+    if isinstance(side, SyncSide):
+        return int(side.client._get_pool().get_stats()["pool_size"])
+    pool = side.loop.run_until_complete(side.client._get_pool())
+    return int(pool.get_stats()["pool_size"])
+
+
+def test_one_caller_keeps_one_connection(side: Side) -> None:
+    """The first call waits for the pool's first connection instead of queueing for
+    it: psycopg_pool answers a queued request by opening another connection, and a
+    caller then took turns between two (DECISIONS 58)."""
+    side("get", 0)
+    for i in range(20):
+        side("enqueue", "t", {"i": i})
+    assert _pool_size(side) == 1
+
+
 # -- enqueue -------------------------------------------------------------------------
 
 
