@@ -79,7 +79,7 @@ class Completer:
         #: the claim to send with a flush that frees this many slots (module docstring)
         self.refill: Callable[[int], ClaimParams | None] | None = None
         #: start the jobs a refill claimed (their claim's monotonic send time)
-        self.on_claimed: Callable[[list[Job], float], None] | None = None
+        self.on_claimed: Callable[[ClaimParams, list[Job], float], None] | None = None
         self._refilling = 0  # flushes in flight that carry a claim
         self._refills_done = asyncio.Event()
         self._refills_done.set()
@@ -175,8 +175,8 @@ class Completer:
                 log.warning("refill_failed", error=repr(exc)[:500], outcomes=len(batch))
             else:
                 self._settle(batch, done)
-                if jobs and self.on_claimed is not None:
-                    self.on_claimed(jobs, sent)
+                if self.on_claimed is not None:
+                    self.on_claimed(claim, jobs, sent)
                 return done
         finally:
             self._refilling -= 1

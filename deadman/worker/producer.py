@@ -22,7 +22,9 @@ Under load most claims ride on the completer's writes (``refill``, DECISIONS 45)
 slots a batch of outcomes frees are claimed again in that batch's transaction. The
 producer decides them, as it decides its own claims (which queue, how many, and not
 at all while it stops, drains for a suspect or has a quarantine check due), and
-claims the rest itself: free slots, empty queues, wake-ups.
+claims the rest itself: free slots, empty queues, wake-ups. A queue whose last claim
+came back short gets no refill until a claim comes back full (DECISIONS 59): at low
+load every refill came back empty and only delayed its write.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class Producer(WorkerLoop):
         self._turn = 0
         self._last_empty = 0.0  # monotonic end of the last empty claim round
         self._empty_rounds = 0  # empty claim rounds in a row
+        # Queues whose last claim (ours or a refill) came back short: nothing more was
+        # waiting then, so a refill there would most likely come back empty too.
+        self._drained: set[str] = set()
         self.claims = 0
 
     def wake(self) -> None:
@@ -97,18 +102,37 @@ class Producer(WorkerLoop):
             or time.monotonic() >= self._next_quarantine_check
         ):
             return None
-        queue = self._queues[self._turn % len(self._queues)]
-        self._turn += 1
+        queue = self._next_undrained()
+        if queue is None:
+            return None
         # unkeyed jobs only: a key's freed slot goes to whichever worker claims first,
         # not always to the writer (job_claim)
         params = self._claim_params(queue, min(freed, self._claim_max), self._ttl_ms)
         return replace(params, keyed=False)
 
-    def refilled(self, jobs: list[Job], sent: float) -> None:
+    def refilled(self, claim: ClaimParams, jobs: list[Job], sent: float) -> None:
         """Start the jobs a refill claimed (``sent``: when its transaction was sent)."""
         self.claims += 1
+        self._claimed(claim.queue, claim.limit, len(jobs))
         for job in jobs:
             self._executor.start(job, sent)
+
+    def _next_undrained(self) -> str | None:
+        """The next queue in turn whose last claim was not short; None if every one's
+        was (the queues' own wake-ups claim what arrives next)."""
+        n = len(self._queues)
+        for _ in range(n):
+            queue = self._queues[self._turn % n]
+            self._turn += 1
+            if queue not in self._drained:
+                return queue
+        return None
+
+    def _claimed(self, queue: str, asked: int, got: int) -> None:
+        if got < asked:
+            self._drained.add(queue)
+        else:
+            self._drained.discard(queue)
 
     async def run(self) -> None:
         ttl_ms = self._ttl_ms
@@ -223,6 +247,7 @@ class Producer(WorkerLoop):
                 )
                 span.set_attribute("messaging.batch.message_count", len(jobs))
             self.claims += 1
+            self._claimed(queue, free, len(jobs))
             if jobs:
                 metrics.JOBS_CLAIMED.labels(queue).inc(len(jobs))
             for job in jobs:

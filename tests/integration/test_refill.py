@@ -6,7 +6,9 @@ it, and a busy worker that refills every slot still gets to its quarantine check
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 import psycopg
 import pytest
@@ -100,7 +102,7 @@ def test_a_claim_that_fails_rolls_back_alone_and_the_outcomes_are_written(
             try:
                 completer = Completer(store, "refill-worker", batch_max=10)
                 completer.refill = refill
-                completer.on_claimed = lambda jobs, _sent: claimed.extend(jobs)
+                completer.on_claimed = lambda _claim, jobs, _sent: claimed.extend(jobs)
                 runner = asyncio.create_task(completer.run())
                 results = await asyncio.gather(
                     *(
@@ -154,6 +156,41 @@ def test_outcomes_whose_slot_stays_taken_ask_for_no_refill(db_dsn: str) -> None:
         assert _state(conn, job.id)["state"] == "succeeded"
 
 
+class RefillCounter(AsyncStore):
+    """The real store, recording what each refill claim got."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.refills: list[int] = []
+
+    async def job_finish_claim(
+        self, finishes: Sequence[Finish], claim: ClaimParams
+    ) -> tuple[set[int], list[Job]]:
+        done, jobs = await super().job_finish_claim(finishes, claim)
+        self.refills.append(len(jobs))
+        return done, jobs
+
+
+def test_no_refill_while_the_queue_was_last_seen_drained(db_dsn: str) -> None:
+    """A claim that came back short means nothing more was waiting: the completions of
+    jobs that trickle in one at a time carry no claim (it came back empty every time,
+    and cost the write its time). A full claim (a burst) turns the refills back on."""
+    settings = replace(SETTINGS, concurrency=4, claim_batch=2, queues=(QUEUE,))
+    store = RefillCounter.create(db_dsn, min_size=1, max_size=6)
+    with (
+        Client(db_dsn, settings=settings) as client,
+        connect(db_dsn) as conn,
+        running_worker(db_dsn, settings=settings, store=store),
+    ):
+        for n in range(1, 6):
+            client.enqueue("t.async", queue=QUEUE)
+            wait_for(partial(_ran, conn, n), timeout=15, message=f"job {n} ran")
+        assert store.refills == [], "a trickle's completions carried claims"
+        client.enqueue_many([client.job("t.async", queue=QUEUE) for _ in range(200)])
+        wait_for(lambda: _count(conn, "succeeded") == 205, timeout=60, message="the burst ran")
+    assert sum(store.refills) > 0, "a burst's completions claimed nothing"
+
+
 slow = Registry()
 
 
@@ -204,6 +241,10 @@ def test_a_worker_busy_refilling_still_runs_a_suspect_alone(
             "SELECT count(*) AS n FROM deadman.attempts GROUP BY job_id HAVING count(*) > 1"
         ).fetchall()
         assert once == []
+
+
+def _ran(conn: psycopg.Connection[DictRow], n: int) -> bool:
+    return _count(conn, "succeeded") == n
 
 
 def _count(conn: psycopg.Connection[DictRow], state: str) -> int:
