@@ -6,7 +6,12 @@ doing so whenever the generic plan's estimated cost looks worse than the custom
 plans' average, which for the claim (a CTE over two functions) it always did: every
 claim was planned again, ~0.5 ms of server CPU per statement on this machine, as much
 as executing it. The worker's statements are written to go through their indexes
-whatever the parameters (DECISIONS 25 and 45), so their generic plan is the plan.
+whatever the parameters (DECISIONS 25 and 45), so their generic plan is the plan,
+provided it is made while Postgres knows the table is not empty: a generic plan made
+when the jobs table had been analyzed empty (a new deployment, or every job pruned)
+scanned the whole table and sorted it, and kept doing so as the table filled, until
+the next ANALYZE replaced it. Hence ``enable_seqscan=off`` too (DECISIONS 60): every
+worker statement has its index, and a table without one is still scanned.
 
 Set as a startup option (``-c plan_cache_mode=force_generic_plan``) rather than a
 ``SET``: no session state to leak through a transaction-mode PgBouncer, which drops
@@ -25,7 +30,8 @@ from deadman.db.pool import prepare_threshold
 #: and no JIT: a worker statement is short by design, and an estimate inflated by a
 #: stale ANALYZE once made every claim compile its plan with LLVM (185 ms of a 205 ms
 #: claim after 200,000 completions: DECISIONS 47, migration 0015)
-GENERIC = "-c plan_cache_mode=force_generic_plan -c jit=off"
+#: and no sequential scan where an index serves (above)
+GENERIC = "-c plan_cache_mode=force_generic_plan -c jit=off -c enable_seqscan=off"
 
 
 def generic_plans(dsn: str, prepare: bool | None = None) -> str:

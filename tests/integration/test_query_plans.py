@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import DictRow
 
+from deadman.db.plans import generic_plans
 from deadman.db.queries import QUERIES
 from deadman.model import AttemptOutcome, JobState
 from deadman.store import Finish, HeartbeatParams, finish_params, heartbeat_params
@@ -101,10 +102,8 @@ def test_finish_and_heartbeat_find_rows_through_the_primary_key(db_dsn: str) -> 
         assert seq_scans_on_jobs(nodes) == [], name
 
 
-def _generic_plan(dsn: str, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The plan a prepared statement runs once Postgres switches to its generic plan
-    (the worker prepares both batched writes): PREPARE the query with $n parameters,
-    force the generic plan, EXPLAIN EXECUTE it."""
+def _numbered(name: str) -> tuple[str, list[str]]:
+    """QUERIES[name] with $n parameters, and the parameter names in $n order."""
     order: list[str] = []
 
     def number(m: re.Match[str]) -> str:
@@ -112,16 +111,79 @@ def _generic_plan(dsn: str, name: str, params: dict[str, Any]) -> list[dict[str,
             order.append(m.group(1))
         return f"${order.index(m.group(1)) + 1}"
 
-    text = re.sub(r"%\((\w+)\)s", number, QUERIES[name])
-    with connect(dsn) as conn:
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(sql.SQL("PREPARE plan_probe AS ") + sql.SQL(text))
-        args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
-        row = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE plan_probe ({})").format(args)
-        ).fetchone()
+    return re.sub(r"%\((\w+)\)s", number, QUERIES[name]), order
+
+
+def _prepare(conn: psycopg.Connection[DictRow], probe: str, name: str) -> None:
+    text = sql.SQL(_numbered(name)[0])
+    conn.execute(sql.SQL("PREPARE {} AS ").format(sql.Identifier(probe)) + text)
+
+
+def _explain_prepared(
+    conn: psycopg.Connection[DictRow], probe: str, name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    args = sql.SQL(", ").join(sql.Literal(params[k]) for k in _numbered(name)[1])
+    row = conn.execute(
+        sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} ({})").format(sql.Identifier(probe), args)
+    ).fetchone()
     assert row is not None
     return list(plan_nodes(next(iter(row.values()))[0]["Plan"]))
+
+
+def _generic_plan(dsn: str, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan a prepared statement runs once Postgres switches to its generic plan
+    (the worker prepares both batched writes): PREPARE the query with $n parameters,
+    force the generic plan, EXPLAIN EXECUTE it."""
+    with connect(dsn) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        _prepare(conn, "plan_probe", name)
+        return _explain_prepared(conn, "plan_probe", name, params)
+
+
+def _worker_params(leases: list[tuple[int, int]]) -> dict[str, dict[str, Any]]:
+    return {
+        "job_claim": {
+            "queue": "default",
+            "worker": "w",
+            "limit": 50,
+            "ttl_ms": 30_000,
+            "quarantine_at": 5,
+            "keyed": True,
+        },
+        "job_finish_many": finish_params(
+            [Finish(i, t, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED) for i, t in leases]
+        ),
+        "job_heartbeat_many": heartbeat_params(
+            HeartbeatParams("w", "h", 1, ["default"], 10, 1000, leases)
+        ),
+    }
+
+
+def test_a_worker_session_keeps_index_plans_made_while_the_table_was_empty(
+    db_dsn: str,
+) -> None:
+    """A worker's session keeps one generic plan per statement (db/plans.py), made at
+    its first execution. Made when the jobs table had been analyzed empty (a new
+    deployment, every job pruned), the plans of the claim, the finish and the
+    heartbeat scanned the whole table (and the claim sorted it) for as long as the
+    session lived or until the next ANALYZE: here after 20,000 jobs arrived. The
+    worker's sessions turn sequential scans off (DECISIONS 60), so those plans use the
+    indexes."""
+    statements = ("job_claim", "job_finish_many", "job_heartbeat_many")
+    with connect(db_dsn) as admin, connect(generic_plans(db_dsn)) as worker:
+        admin.execute("ALTER TABLE deadman.jobs SET (autovacuum_enabled = false)")
+        admin.execute("ANALYZE deadman.jobs")
+        empty = _worker_params([(i, 1) for i in range(1, 51)])
+        for name in statements:
+            _prepare(worker, f"probe_{name}", name)
+            args = sql.SQL(", ").join(sql.Literal(empty[name][k]) for k in _numbered(name)[1])
+            worker.execute(sql.SQL("EXECUTE {} ({})").format(sql.Identifier(f"probe_{name}"), args))
+        admin.execute("INSERT INTO deadman.jobs (type) SELECT 'noop' FROM generate_series(1, 2e4)")
+        ids = admin.execute("SELECT id FROM deadman.jobs ORDER BY id LIMIT 50").fetchall()
+        params = _worker_params([(int(r["id"]), 1) for r in ids])
+        for name in statements:
+            plan = _explain_prepared(worker, f"probe_{name}", name, params[name])
+            assert seq_scans_on_jobs(plan) == [], (name, plan)
 
 
 def test_batched_writes_use_the_primary_key_when_statistics_say_nothing_runs(
