@@ -96,8 +96,12 @@ class Run:
         finally:
             load.teardown()
         # Runs that kill things mid-handler must show duplicate executions; a Postgres
-        # restart alone may or may not catch a handler between its two writes.
-        faults = bool(o.scenarios & {"kill", "zombie", "conn-kill", "partition", "hosts"})
+        # restart alone may or may not catch a handler between its two writes, nor may a
+        # cut-off network (partition, hosts): the leases it cuts may be of jobs claimed
+        # an instant before, whose handlers had not recorded their invocation yet (a
+        # fresh-clone suite saw 16 leases cut, 16 rescued, no duplicate). Their own
+        # checks prove the cut hit leases (rescued, late writes refused).
+        faults = bool(o.scenarios & {"kill", "zombie", "conn-kill"})
         acked = load.submitter.acked
         f = figures(dsn, load.submitter.prefix, acked)
         checks = database_checks(f, acked, faults) + load_checks(load, f)
