@@ -311,6 +311,86 @@ WITH locked AS (
 )
 SELECT id FROM done;
 
+-- name: job_finish_claim
+-- job_finish_many and job_claim's unkeyed claim in ONE statement (DECISIONS 62): the
+-- completer's refill (DECISIONS 45) writes a batch of outcomes and claims the slots
+-- they free in one round trip, in autocommit, instead of BEGIN, two statements and
+-- COMMIT. The CTEs are those two statements' own, word for word
+-- (tests/unit/test_finish_claim_query.py fails if they drift apart). One snapshot for
+-- both: the claim cannot see this statement's own finishes, so a retry with no
+-- backoff is not claimed again by the worker that just failed it; it waits for the
+-- next claim. Keyed jobs are not claimed here (the refill never claims them: see
+-- job_claim). Rows: one per finished attempt (finished = its job id, the rest NULL),
+-- then the claimed jobs (finished NULL).
+WITH locked AS (
+    -- Lock in id order: the heartbeat locks the same worker's rows in id order too,
+    -- so the two multi-row statements can never deadlock each other.
+    -- The batch is one JSON array of objects (one json.dumps in the worker: a tenth
+    -- of its CPU went into adapting seven parameter arrays element by element).
+    SELECT j.id, i.token, i.outcome, i.delay_ms, i.error, i.result,
+           CASE WHEN j.cancel_requested AND i.state <> 'succeeded' THEN 'cancelled'
+                ELSE i.state END AS state,
+           j.cancel_requested AND i.state NOT IN ('succeeded', 'cancelled')
+               AS cancelled_on_request
+    FROM deadman.jobs j
+    JOIN json_to_recordset(%(batch)s::json)
+         AS i(id bigint, token bigint, state text, outcome text, delay_ms bigint,
+              error text, result jsonb)
+      ON i.id = j.id AND i.token = j.lease_token
+    WHERE j.id = ANY(%(ids)s::bigint[])
+    ORDER BY j.id
+    FOR UPDATE OF j
+), done AS (
+    UPDATE deadman.jobs j
+    SET state = l.state,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN l.state IN ('succeeded', 'dead', 'cancelled') THEN now() END,
+        run_at = CASE WHEN l.state IN ('retrying', 'queued')
+                      THEN now() + l.delay_ms * interval '1 millisecond'
+                      ELSE j.run_at END,
+        -- a released attempt (graceful shutdown) does not use up an attempt
+        attempt = CASE WHEN l.outcome = 'released' THEN j.attempt - 1 ELSE j.attempt END,
+        last_error = CASE WHEN l.cancelled_on_request
+                          THEN COALESCE(l.error || E'\n', '') || 'cancelled on request'
+                          ELSE COALESCE(l.error, j.last_error) END,
+        result = l.result
+    FROM locked l
+    WHERE j.id = l.id AND j.lease_token = l.token
+    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error
+), history AS (
+    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+                                  outcome, error)
+    SELECT token, id, CASE WHEN outcome = 'released' THEN attempt + 1 ELSE attempt END,
+           lease_worker, started_at, outcome, error
+    FROM done
+),
+candidates AS (
+    SELECT id, priority, run_at
+    FROM deadman.jobs
+    WHERE queue = %(queue)s
+      AND limit_key IS NULL  -- jobs_claim_idx's second column: keyed jobs are elsewhere
+      AND state IN ('queued', 'scheduled', 'retrying')
+      AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+      AND rescues < %(quarantine_at)s  -- quarantined suspects run alone (below)
+      -- past start_by or deadline: never started; the rescuer ends them dead
+      AND (start_by IS NULL OR start_by > now())
+      AND (deadline IS NULL OR deadline > now())
+    ORDER BY priority DESC, run_at, id
+    -- a constant: with the room left after the keyed claim here instead, the planner
+    -- could not count on a small LIMIT and sorted the whole queue (measured)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    SELECT * FROM deadman.job_start(
+        ARRAY(SELECT id FROM candidates ORDER BY priority DESC, run_at, id),
+        %(worker)s, %(ttl_ms)s, now())
+)
+SELECT d.id AS finished, (NULL::deadman.jobs).* FROM done d
+UNION ALL
+SELECT NULL, c.* FROM claimed c;
+
 -- name: tx_idle_limit
 -- Sent just before the fenced completion of ctx.transaction(): from
 -- that statement on the transaction holds the job's row lock, and a worker paused or

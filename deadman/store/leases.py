@@ -92,6 +92,14 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
     }
 
 
+def refill_params(finishes: Sequence[Finish], p: ClaimParams) -> dict[str, Any]:
+    """job_finish_claim's: finish_params and claim_params without the keyed switch
+    (the refill claims unkeyed jobs only)."""
+    params = claim_params(p)
+    del params["keyed"]
+    return finish_params(finishes) | params
+
+
 def _storable(text: str) -> str:
     """An error message must never sink its batch: Postgres text cannot hold NUL, and
     a lone surrogate (from a badly decoded exception message) is not UTF-8."""
@@ -190,22 +198,24 @@ class LeaseStore(AsyncBase):
     async def job_finish_claim(
         self, finishes: Sequence[Finish], claim: ClaimParams
     ) -> tuple[set[int], list[Job]]:
-        """job_finish_many, then job_claim, in one transaction: one commit for a
-        worker's write and its next claim (the completer's refill, DECISIONS 45). The
-        statements are the ones the two calls send alone, so every race they have
-        been tested for is the same; the finished rows stay locked until the claim
-        commits. Not retried: the claim's send time starts its lease's trust window.
-        If the connection fails around the COMMIT, the caller cannot know whether it
-        landed and writes the outcomes again; a write that had landed is then
-        refused by the fence (reported as a lost lease) and the claimed jobs lapse
-        to the rescuer, as a retried job_finish_many would."""
+        """job_finish_many and job_claim's unkeyed claim as one statement
+        (job_finish_claim): one round trip and one commit for a worker's write and its
+        next claim (the completer's refill, DECISIONS 45 and 62). Its CTEs are the two
+        statements' own. Not retried: the claim's send time starts its lease's trust
+        window. If the connection fails before the reply, the caller cannot know
+        whether it landed and writes the outcomes again; a write that had landed is
+        then refused by the fence (reported as a lost lease) and the claimed jobs
+        lapse to the rescuer, as a retried job_finish_many would."""
+        if claim.keyed:
+            raise ValueError("job_finish_claim claims unkeyed jobs only (ClaimParams.keyed)")
         with translate():
-            async with self.pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
-                done = {int(r["id"]) for r in await cur.fetchall()}
-                cur = await conn.execute(QUERIES["job_claim"], claim_params(claim))
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(
+                    QUERIES["job_finish_claim"], refill_params(finishes, claim)
+                )
                 rows = await cur.fetchall()
-        return done, await self._readable(rows)
+        done = {int(r["finished"]) for r in rows if r["finished"] is not None}
+        return done, await self._readable([r for r in rows if r["finished"] is None])
 
     async def job_finish_in(
         self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS

@@ -57,6 +57,7 @@ from deadman.store import (
     finish_params,
     heartbeat_params,
 )
+from deadman.store.leases import refill_params
 from deadman.store.submissions import grouped_order, grouped_params
 from tests.factories import insert_job
 from tests.helpers import wait_for
@@ -166,12 +167,13 @@ def _finish(  # type: ignore[no-untyped-def]
         if effect:  # ctx.transaction(): the effect and the fenced completion, one tx
             conn.execute(QUERIES["effect_insert"], {"job_id": job, "lease_token": token})
             conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": 60_000})
-        rows = _rows(conn, "job_finish_many", finish_params([f]))
-        if claim:  # the completer's refill: the next claim in the finish's transaction
+        if claim:  # the completer's refill: the finish and the next claim, one statement
             # (only the finish's rows are its acknowledgement: the claim may take the
             # very job a rescue put back, which is not this attempt's write landing)
-            _claim(conn, w)
-        return rows
+            p = ClaimParams(QUEUE, WORKER + "-2", 10, TTL_MS, QUARANTINE_AT, keyed=False)
+            both = _rows(conn, "job_finish_claim", refill_params([f], p))
+            return [{"id": r["finished"]} for r in both if r["finished"] is not None]
+        return _rows(conn, "job_finish_many", finish_params([f]))
 
     return run
 
@@ -310,12 +312,11 @@ STATEMENTS: dict[str, Stmt] = {
         Stmt("claim_quarantined", ("job_claim_quarantined",), _claim_quarantined, _returned_job),
         Stmt("heartbeat", ("job_heartbeat_many",), _heartbeat, _returned_job, fenced=True),
         # the finishes alone, and as the completer's refill sends two of them (DECISIONS
-        # 45): an outcome and the next claim in one transaction (a retry with no backoff
-        # is due again inside it)
+        # 45, 62): an outcome and the next claim in one statement
         *(
             Stmt(
                 f"finish_{'claim_' if claim else ''}{name}",
-                ("job_finish_many", "job_claim") if claim else ("job_finish_many",),
+                ("job_finish_claim",) if claim else ("job_finish_many",),
                 _finish(st, o, claim=claim),
                 _returned_job,
                 fenced=True,
@@ -752,8 +753,9 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
         if job["state"] == "running":
             assert job["cancel_requested"], "running after a cancel, flag lost"
             # the attempt in flight when the cancel was acknowledged: no new token
-            # (a refill that claimed the job again it had just put back to retry
-            # started that attempt before the cancel, if it committed first)
+            # (unless a claim started one before the cancel: a refill's claim takes
+            # the job when a rescue put it back first; since DECISIONS 62 it can no
+            # longer take the job its own finish put back to retry, one snapshot)
             claimed = any(
                 n in ("claim", "claim_quarantined", "finish_claim_retrying") for n in acked
             )

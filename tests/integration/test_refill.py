@@ -29,7 +29,7 @@ QUEUE = "refill"
 
 
 def _claim(limit: int, ttl_ms: int = 30_000) -> ClaimParams:
-    return ClaimParams(QUEUE, "refill-worker", limit, ttl_ms)
+    return ClaimParams(QUEUE, "refill-worker", limit, ttl_ms, keyed=False)  # as refills are
 
 
 def _succeeded(job_id: int, token: int) -> Finish:

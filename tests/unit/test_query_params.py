@@ -42,7 +42,7 @@ from deadman.store import (
     maintenance,
     workflow_params,
 )
-from deadman.store.leases import quarantine_claim_params
+from deadman.store.leases import quarantine_claim_params, refill_params
 from deadman.store.limits import LimitParams, limit_params, list_params
 from deadman.store.schedules import ScheduleParams, schedule_params
 from deadman.store.submissions import grouped_params
@@ -64,6 +64,9 @@ def placeholders(name: str, rel: str = "") -> set[str]:
 BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     "claim_params": lambda: claim_params(ClaimParams("q", "w", 1, 1000)),
     "quarantine_claim_params": lambda: quarantine_claim_params(ClaimParams("q", "w", 1, 1000)),
+    "refill_params": lambda: refill_params(
+        [Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)], ClaimParams("q", "w", 1, 1000)
+    ),
     "heartbeat_params": lambda: heartbeat_params(
         HeartbeatParams("w", "h", 1, ["q"], 1, 1000, [(1, 1)])
     ),
@@ -131,7 +134,15 @@ def _passed(call: ast.Call) -> set[str] | str:
     args = _args(call)
     if len(args) < 2:
         return set()
-    arg = args[1]
+    return _keys_of(args[1])
+
+
+def _keys_of(arg: ast.expr) -> set[str] | str:
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.BitOr):  # a | b: both
+        left, right = _keys_of(arg.left), _keys_of(arg.right)
+        if isinstance(left, str) or isinstance(right, str):
+            return f"union of {left!r} and {right!r}"
+        return left | right
     if isinstance(arg, ast.Dict):
         keys = {k.value for k in arg.keys if isinstance(k, ast.Constant)}
         if len(keys) == len(arg.keys):
