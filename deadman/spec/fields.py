@@ -51,6 +51,10 @@ def _not_null(value: Any) -> Any:
 
 
 T = TypeVar("T")
+#: the JSON-schema mark of an optional field for which null IS a value (``X | None``
+#: without Maybe): the OpenAPI document then keeps its null (openapi.schemas._tidy)
+ACCEPTS_NULL = {"x-accepts-null": True}
+
 #: an optional field: leave it out for the default; null is not a value (the server
 #: refuses it, as it always has; the OpenAPI document leaves null out: openapi._tidy)
 Maybe = Annotated[T | None, BeforeValidator(_not_null)]

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 from pydantic import ConfigDict, Field
 
 from deadman import bounds as b
-from deadman.spec.fields import Name, Rule, Whole
+from deadman.spec.fields import ACCEPTS_NULL, Name, Rule, Whole
 from deadman.spec.job import Spec
 from deadman.storable import FieldError
 from deadman.store.limits import LimitParams
@@ -53,8 +53,10 @@ class LimitSpec(Spec):
             ]
         }
     )
-    concurrency: Concurrency | None = None
-    rate: RateSpec | None = None
+    # null is a value here ("no bound of that kind"), unlike a spec.fields.Maybe field:
+    # the OpenAPI document must say so (openapi.schemas._tidy keeps these nulls)
+    concurrency: Annotated[Concurrency | None, Field(json_schema_extra=ACCEPTS_NULL)] = None
+    rate: Annotated[RateSpec | None, Field(json_schema_extra=ACCEPTS_NULL)] = None
 
     def problems(self, prefix: str = "") -> Iterator[FieldError]:
         if self.concurrency is None and self.rate is None:

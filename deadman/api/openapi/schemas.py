@@ -56,7 +56,9 @@ def _tidy(node: Any) -> Any:
         return node
     out = {k: _tidy(v) for k, v in node.items() if k != "title" or not isinstance(v, str)}
     options = out.get("anyOf")
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+    if out.pop("x-accepts-null", False):  # spec.fields.ACCEPTS_NULL: null is a value
+        pass
+    elif isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
         del out["anyOf"]  # a spec.fields.Maybe field: null is refused
         out = {**next(o for o in options if o != {"type": "null"}), **out}
     if out.get("default", 0) is None and ("type" in out or "$ref" in out):
