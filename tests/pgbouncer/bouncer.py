@@ -24,7 +24,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from deadman.devdb_os import as_postgres, postgres_user
+from tests.helpers import wait_for
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 START_TIMEOUT_S = 15.0
@@ -161,12 +161,11 @@ def start(server_dsn: str, single_db: str | None = None) -> Bouncer:
         **kwargs,
     )
     bouncer = Bouncer(port=port, proc=proc, workdir=workdir, single_db=single_db)
-    deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while not _ready(bouncer, server_dsn):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pgbouncer did not accept connections: {bouncer.tail()}")
-            time.sleep(0.05)
+        try:
+            wait_for(lambda: _ready(bouncer, server_dsn), START_TIMEOUT_S, interval=0.05)
+        except AssertionError as exc:
+            raise RuntimeError(f"pgbouncer did not accept connections: {bouncer.tail()}") from exc
     except BaseException:
         bouncer.stop()
         raise
