@@ -15,14 +15,15 @@ or one psycopg cannot even encode) fails alone: the batch is retried row by row,
 and only that row's submitter gets the error. Nothing a row holds ends the task:
 it is the worker's only way to record outcomes.
 
-Refill (DECISIONS 45): a flush also claims the jobs that take the slots its
-outcomes free, in the same transaction (``job_finish_claim``), so a worker under load
-pays one commit per cycle instead of one for the write and one for the claim. The
+Refill (DECISIONS 45, 62): a flush also claims the jobs that take the slots its
+outcomes free, in the same statement (``job_finish_claim``), so a worker under load
+pays one round trip and one commit per cycle instead of one for the write and one
+for the claim. Not on a queue whose last claim came back short (DECISIONS 59). The
 producer says how (``refill``: the queue and how many, or None when it must claim
 itself: stopping, a quarantine check due, a suspect to run alone); the claimed jobs
 start as soon as the batch's submitters are settled (``on_claimed``). A slot is still
 given back only once its outcome is written, and here the claim that retakes it
-commits in the same transaction as that write. Only the slots of outcomes whose
+commits with that write. Only the slots of outcomes whose
 handler has returned count (``frees_slot``): a sync handler's thread that ignored its
 timeout keeps its slot, as before.
 """

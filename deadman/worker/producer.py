@@ -19,7 +19,7 @@ every wake-up put one more round trip in front of every claim (measured in the
 latency benchmark), and a suspect can wait a few seconds.
 
 Under load most claims ride on the completer's writes (``refill``, DECISIONS 45): the
-slots a batch of outcomes frees are claimed again in that batch's transaction. The
+slots a batch of outcomes frees are claimed again in that batch's statement. The
 producer decides them, as it decides its own claims (which queue, how many, and not
 at all while it stops, drains for a suspect or has a quarantine check due), and
 claims the rest itself: free slots, empty queues, wake-ups. A queue whose last claim
@@ -111,7 +111,7 @@ class Producer(WorkerLoop):
         return replace(params, keyed=False)
 
     def refilled(self, claim: ClaimParams, jobs: list[Job], sent: float) -> None:
-        """Start the jobs a refill claimed (``sent``: when its transaction was sent)."""
+        """Start the jobs a refill claimed (``sent``: when its statement was sent)."""
         self.claims += 1
         self._claimed(claim.queue, claim.limit, len(jobs))
         for job in jobs:

@@ -1,7 +1,8 @@
-"""The completer's refill (DECISIONS 45): the slots a batch of outcomes frees are
-claimed again in that batch's transaction. Against a real database: the fence still
-holds inside the shared transaction, a claim that fails takes no outcome down with
-it, and a busy worker that refills every slot still gets to its quarantine check."""
+"""The completer's refill (DECISIONS 45, 62): the slots a batch of outcomes frees are
+claimed again in the statement that writes the batch (job_finish_claim). Against a
+real database: the fence still holds inside the shared statement, a claim that fails
+takes no outcome down with it, a queue last seen drained gets no refill, and a busy
+worker that refills every slot still gets to its quarantine check."""
 
 from __future__ import annotations
 
