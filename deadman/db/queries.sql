@@ -116,10 +116,15 @@ RETURNING id;
 -- committed state, so a dependency finishing at the same moment either finished
 -- first (we see it) or waits for our commit and then releases (or cancels) the new
 -- job through the jobs_state_changed trigger, which sees our job_deps rows.
+-- A dependency that is due stays locked until our commit (a transactional enqueue:
+-- the caller's transaction), and claims meanwhile step past it (SKIP LOCKED): so its
+-- queue is woken, the NOTIFY sent at our commit (the race matrix's claim wake-up).
 UPDATE deadman.jobs
 SET has_dependents = true
 WHERE id = ANY(%(ids)s::bigint[])
-RETURNING id, state, COALESCE(node, 'job ' || id) AS name;
+RETURNING id, state, COALESCE(node, 'job ' || id) AS name,
+    CASE WHEN state IN ('queued', 'scheduled', 'retrying') AND run_at <= now()
+         THEN pg_notify('deadman_jobs', queue) END AS notified;
 
 -- name: job_deps_insert
 -- The edges of a job inserted with depends_on (after job_deps_lock, same transaction).
@@ -456,9 +461,16 @@ LISTEN deadman_done;
 -- long-poll, writes nothing): no row then means "already flagged, or no such job",
 -- and the waiter reads the job with job_get, in a snapshot taken after whoever
 -- flagged it committed.
+-- The update holds the row until it commits, and a claim meanwhile steps past it (SKIP
+-- LOCKED): when that was the queue's one due job, the claim comes back empty and an
+-- idle producer sleeps until its poll. So a due job's flag wakes the queue, as an
+-- insert does (the NOTIFY is sent at commit; the race matrix's claim wake-up check:
+-- a job enqueued and waited on at once sat queued for a 30 s poll).
 UPDATE deadman.jobs SET waited = true
 WHERE id = %(id)s AND NOT waited
-RETURNING *;
+RETURNING *,
+    CASE WHEN state IN ('queued', 'scheduled', 'retrying') AND run_at <= now()
+         THEN pg_notify('deadman_jobs', queue) END AS notified;
 
 -- name: queue_notify
 -- Wake idle producers of these queues (after a rescue or a release made jobs due).
@@ -789,7 +801,11 @@ FROM c;
 -- queue's idle producers (the NOTIFY is sent at commit). No row: unknown id, a state
 -- that cannot be retried, or a blocking dependency (job_blocking_deps says which).
 WITH deps AS (
-    SELECT u.state FROM deadman.job_deps d
+    -- a due dependency's claims step past it until our commit: wake its queue then
+    SELECT u.state,
+           CASE WHEN u.state IN ('queued', 'scheduled', 'retrying') AND u.run_at <= now()
+                THEN pg_notify('deadman_jobs', u.queue) END AS notified
+    FROM deadman.job_deps d
     JOIN deadman.jobs u ON u.id = d.depends_on
     WHERE d.job_id = %(id)s
     ORDER BY u.id
@@ -855,15 +871,19 @@ ORDER BY nm.name;
 -- to a paused queue are still accepted. A pause is an upsert, so a queue can be
 -- paused before its first job exists; a resume deletes the row, so pausing and
 -- resuming invented queue names leaves nothing behind (queue_list, and with it
--- /metrics and /queues, would otherwise list every name ever paused). Returns the
--- queue as queue_list shows it (unfinished jobs of this queue only: jobs_claim_idx,
--- jobs_running_idx).
+-- /metrics and /queues, would otherwise list every name ever paused). A resume
+-- wakes the queue's idle producers (the NOTIFY is sent at commit): they slept on
+-- empty claims while it was paused, and would otherwise claim only at their next poll
+-- (the race matrix: a claim that read the queue as paused just before this commits).
+-- Returns the queue as queue_list shows it (unfinished jobs of this queue only:
+-- jobs_claim_idx, jobs_running_idx).
 WITH paused AS (
     INSERT INTO deadman.queues (name, paused)
     SELECT %(name)s, true WHERE %(paused)s::boolean
     ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now()
 ), resumed AS (
     DELETE FROM deadman.queues WHERE name = %(name)s AND NOT %(paused)s::boolean
+    RETURNING pg_notify('deadman_jobs', name)
 ), live AS (
     SELECT state, count(*) AS n,
            min(run_at) FILTER (WHERE state IN ('queued', 'scheduled', 'retrying')
@@ -964,7 +984,11 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), deps AS (
     -- the picked jobs' dependencies, through the primary key (`id = ANY`), locked
-    SELECT u.id, u.state FROM deadman.jobs u
+    -- (a due one's claims step past it until our commit: wake its queue then)
+    SELECT u.id, u.state,
+           CASE WHEN u.state IN ('queued', 'scheduled', 'retrying') AND u.run_at <= now()
+                THEN pg_notify('deadman_jobs', u.queue) END AS notified
+    FROM deadman.jobs u
     WHERE u.id = ANY(ARRAY(SELECT d.depends_on FROM deadman.job_deps d
                            JOIN picked p ON p.id = d.job_id))
     ORDER BY u.id

@@ -25,7 +25,12 @@ The invariants (checked after every case):
 - dependency counters match rows: a waiting job's pending_deps is the number of its
   dependencies that have not succeeded, and none of them is dead or cancelled;
 - no lost wake-up: a waiter (deadman.waiting: LISTEN, then its flag) whose job has
-  ended sees the end, in what its flag read back or in a notification.
+  ended sees the end, in what its flag read back or in a notification;
+- no lost claim wake-up: a claim that ran second and came back without the job,
+  which a claim could take once both committed, was stepped past (SKIP LOCKED) while
+  the first statement held the row, and an idle worker then sleeps until its poll: so
+  the first statement must have notified the job's queue on deadman_jobs (a waiter's
+  flag did not: a job enqueued and waited on at once sat queued for the whole poll).
 
 ``MATRIX`` below is the table: each row names a setup and two statements; both
 orders run. ``test_every_state_changing_statement_has_a_row`` fails when a query in
@@ -63,6 +68,7 @@ from tests.factories import insert_job
 from tests.helpers import wait_for
 
 QUEUE = "race"
+OTHER_QUEUE = "race-other"
 KEY = "race-key"
 TTL_MS = 30_000
 MAX_RESCUES = 5
@@ -85,6 +91,8 @@ class World:
     workflow: int | None = None
     #: for submission cases: the job `job` holds the idempotency key IDEM
     key_held: bool = False
+    #: for dependency cases: a job that waits for `job`
+    downstream: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,8 +208,14 @@ def _resume(conn: Conn, w: World) -> list[DictRow]:
 
 
 def _rescue(conn: Conn, w: World) -> list[DictRow]:
+    """The rescuer's tick: the rescue, and the wake-up for the jobs it queued again
+    (VerdictService.tick sends it just after the commit; sent here in the same
+    transaction, it too reaches listeners at the commit)."""
     params = {"max_rescues": MAX_RESCUES, "quarantine_at": QUARANTINE_AT, "limit": 100}
-    return _rows(conn, "job_rescue_expired", params)
+    rows = _rows(conn, "job_rescue_expired", params)
+    queued = sorted({r["queue"] for r in rows if r["state"] == "queued"})
+    _rows(conn, "queue_notify", {"queues": queued})
+    return rows
 
 
 def _expire(conn: Conn, w: World) -> list[DictRow]:
@@ -216,6 +230,22 @@ def _prune(conn: Conn, w: World) -> list[DictRow]:
 def _workflow_cancel(conn: Conn, w: World) -> list[DictRow]:
     assert w.workflow is not None
     return _rows(conn, "workflow_cancel", {"id": w.workflow})
+
+
+def _deps_lock(conn: Conn, w: World) -> list[DictRow]:
+    """An enqueue with depends_on=[job] (in the caller's transaction): the new job's
+    dependency is marked and locked until that transaction commits."""
+    return _rows(conn, "job_deps_lock", {"ids": [w.job]})
+
+
+def _retry_downstream(conn: Conn, w: World) -> list[DictRow]:
+    """POST /jobs/{downstream}/retry: locks its dependency `job` FOR SHARE."""
+    return _rows(conn, "job_retry", {"id": w.downstream})
+
+
+def _replay_downstream(conn: Conn, w: World) -> list[DictRow]:
+    """The bulk DLQ replay picking `downstream` (the queue's one dead job)."""
+    return _replay(conn, World(job=w.downstream or 0))
 
 
 def _retry_upstream(conn: Conn, w: World) -> list[DictRow]:
@@ -368,6 +398,9 @@ STATEMENTS: dict[str, Stmt] = {
         ),
         # a dead upstream is retried: the trigger reopens `job`, cancelled because of it
         Stmt("retry_upstream", ("job_retry",), _retry_upstream, _returned_upstream),
+        Stmt("deps_lock", ("job_deps_lock",), _deps_lock, _returned_job),
+        Stmt("retry_downstream", ("job_retry",), _retry_downstream, _any),
+        Stmt("replay_downstream", ("job_retry_dead_many",), _replay_downstream, _any),
         # submissions with an idempotency key (POST /jobs, one by one or grouped)
         Stmt("insert", ("job_insert",), _insert_single, _made_idem, inserts=True),
         *(
@@ -460,6 +493,35 @@ def _cascaded(conn: Conn) -> World:
     return World(job=down.id, upstream=up.id, workflow=wf)
 
 
+def _queued_upstream(conn: Conn) -> World:
+    """`job` is queued and due; `downstream` depends on it and is dead (it ran after
+    an earlier success of `job`, which an operator has since replayed)."""
+    up = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+    down = insert_job(conn, state="dead", queue=QUEUE, finished_ago_s=60)
+    conn.execute("UPDATE deadman.jobs SET has_dependents = true WHERE id = %s", (up.id,))
+    conn.execute(
+        "INSERT INTO deadman.job_deps (job_id, depends_on) VALUES (%s, %s)", (down.id, up.id)
+    )
+    return World(job=up.id, downstream=down.id)
+
+
+def _cascaded_beside_queued(conn: Conn) -> World:
+    """`downstream` depends on `upstream` and on `job`: `upstream` died and cancelled
+    it, while `job` is queued and due. Retrying `upstream` reopens `downstream` and
+    locks its other dependency, `job` (deadman.reopen_downstream). The two are in
+    another queue: the retry's own wake-up is for that one."""
+    w = _cascaded(conn)
+    conn.execute(
+        "UPDATE deadman.jobs SET queue = %s WHERE id IN (%s, %s)", (OTHER_QUEUE, w.job, w.upstream)
+    )
+    sibling = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+    conn.execute("UPDATE deadman.jobs SET has_dependents = true WHERE id = %s", (sibling.id,))
+    conn.execute(
+        "INSERT INTO deadman.job_deps (job_id, depends_on) VALUES (%s, %s)", (w.job, sibling.id)
+    )
+    return World(job=sibling.id, upstream=w.upstream, downstream=w.job, workflow=w.workflow)
+
+
 def _paused(conn: Conn) -> World:
     w = _one("queued", run_in_s=-1)(conn)
     conn.execute("INSERT INTO deadman.queues (name, paused) VALUES (%s, true)", (QUEUE,))
@@ -533,6 +595,8 @@ SETUPS: dict[str, Callable[[Conn], World]] = {
     "waiting": _waiting,
     "queued_paused": _paused,
     "cascaded_old": _cascaded,
+    "queued_upstream": _queued_upstream,
+    "cascaded_beside_queued": _cascaded_beside_queued,
 }
 
 # ----------------------------------------------------------------------------- the table
@@ -634,6 +698,14 @@ MATRIX: list[tuple[str, str, str]] = [
     ("idem_dead_old", "insert_grouped", "prune"),
     ("idem_succeeded_old", "insert_grouped", "prune"),
     ("idem_succeeded_old", "insert", "prune"),
+    # what holds a due job's row for a moment without taking it: a claim meanwhile
+    # steps past the job (SKIP LOCKED), so the holder must wake the queue (the claim
+    # wake-up invariant); the waiter's flag and resume are above
+    ("queued", "deps_lock", "claim"),
+    ("queued", "deps_lock", "cancel"),
+    ("queued_upstream", "retry_downstream", "claim"),
+    ("queued_upstream", "replay_downstream", "claim"),
+    ("cascaded_beside_queued", "retry_upstream", "claim"),
 ]
 
 
@@ -644,6 +716,9 @@ class Outcome:
     blocked: bool = False
     #: each waiter's verdict (Stmt.woken), in order
     woken: list[str | None] = field(default_factory=list)
+    #: a claim ran second, came back without the job, and a claim of its kind takes
+    #: the job now: whether deadman_jobs was notified for its queue meanwhile
+    claim_woken: bool | None = None
 
 
 # ----------------------------------------------------------------------------- running
@@ -682,7 +757,9 @@ def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outc
         psycopg.connect(dsn, row_factory=dict_row) as a,
         psycopg.connect(dsn, row_factory=dict_row) as b,
         psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as observer,
+        psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as listener,
     ):
+        listener.execute(QUERIES["listen_jobs"])  # after the setup: its inserts are not heard
         a_rows = a_stmt.run(a, world)
         b_pid = _pid(b)
         b.commit()
@@ -707,9 +784,30 @@ def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outc
         for conn, stmt, rows in ((a, a_stmt, a_rows), (b, b_stmt, result["rows"])):
             if stmt.woken is not None:
                 out.woken.append(stmt.woken(conn, observer, world, rows))
+        if second in CLAIMERS and not _returned_job(result["rows"], world):
+            with observer.transaction(force_rollback=True):
+                takes = _returned_job(STATEMENTS[second].run(observer, world), world)
+            if takes:
+                out.claim_woken = _queue_notified(listener)
     out.acked[first] = a_stmt.acked(a_rows, world)
     out.acked[second] = b_stmt.acked(result["rows"], world)
     return world, out
+
+
+#: the statements an idle producer sends when woken (the refill runs only under load)
+CLAIMERS = ("claim", "claim_quarantined")
+
+
+def _queue_notified(listener: Conn) -> bool:
+    """Whether ``listener`` (LISTENing on deadman_jobs) hears QUEUE within 5 s: the
+    notification is delivered after the sender's commit, asynchronously."""
+    deadline = time.monotonic() + 5.0
+    for note in listener.notifies(timeout=5.0):
+        if note.payload == QUEUE:
+            return True
+        if time.monotonic() > deadline:
+            break
+    return False
 
 
 # ----------------------------------------------------------------------------- invariants
@@ -778,6 +876,9 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
 
     # no lost wake-up
     assert "lost" not in out.woken, f"a waiter missed the end of the job ({out.woken})"
+    assert out.claim_woken is not False, (
+        f"{out.order[1]} stepped past a job {out.order[0]} held and nothing woke the queue"
+    )
 
     _assert_one_job_per_key(conn, world, out)
 
@@ -952,7 +1053,26 @@ NOT_RACING_AN_EXISTING_ROW = {
     "job_insert_staged": "creates the rows",
     "job_insert_many_returning": "creates the rows",
     "workflow_insert": "creates the rows",
-    "job_deps_lock": "sets has_dependents only (no state); locks the dependencies",
+}
+#: what can lock a row of deadman.jobs (an update, a delete, FOR UPDATE/SHARE, or a
+#: function that updates jobs)
+_LOCKS_JOBS = re.compile(
+    r"\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE)\b|\bdeadman\.job_(rerun|start)\b"
+    r"|\bUPDATE\s+deadman\.jobs\b|\bDELETE\s+FROM\s+deadman\.jobs\b",
+    re.IGNORECASE,
+)
+#: statements that lock rows but never a due job's (a claim cannot be stepping past)
+NEVER_HOLD_A_DUE_JOB = {
+    **NOT_RACING_AN_EXISTING_ROW,
+    "job_claim": "takes the job: it is running when the lock goes",
+    "job_claim_quarantined": "takes the job: it is running when the lock goes",
+    "job_heartbeat_many": "running rows of its lease only",
+    "job_finish_many": "running rows of its lease only",
+    "job_finish_claim": "running rows of its lease, and the jobs its claim takes",
+    "job_rescue_expired": "lapsed running rows; the rescuer wakes the queues it refilled",
+    "job_prune_finished": "finished rows only",
+    "workflow_prune_finished": "finished workflows, no job row",
+    "schedule_due": "deadman.schedules rows, no job row",
 }
 
 
@@ -963,6 +1083,23 @@ def test_every_state_changing_statement_has_a_row() -> None:
     assert not missing, f"statements that change jobs without a row in MATRIX: {missing}"
     unused = sorted(set(STATEMENTS) - {n for _, p, r in MATRIX for n in (p, r)})
     assert not unused, f"statements defined but never raced: {unused}"
+
+
+def test_every_statement_that_can_hold_a_due_job_meets_a_claim() -> None:
+    """The method behind the claim wake-up invariant: a statement that can lock a due
+    job races a claim in some row of MATRIX (in the order where it holds the row, the
+    claim steps past it), so a missing wake-up fails there. Adding a statement that locks jobs
+    means adding that row, or saying here why it never holds a due one."""
+    lockers = {name for name, sql in QUERIES.items() if _LOCKS_JOBS.search(sql)}
+    met = {  # both orders of a row run: either side may be the claim
+        q
+        for _, p, r in MATRIX
+        for first, second in ((p, r), (r, p))
+        if second in CLAIMERS
+        for q in STATEMENTS[first].queries
+    }
+    missing = sorted(lockers - met - set(NEVER_HOLD_A_DUE_JOB))
+    assert not missing, f"statements that can hold a due job, never raced by a claim: {missing}"
 
 
 def test_retention_never_waits_on_a_row_an_operator_holds(db_dsn: str) -> None:
