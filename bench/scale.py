@@ -136,11 +136,20 @@ def _stats(lat: list[float]) -> dict[str, Any]:
     }
 
 
+VACUUMING = """
+SELECT count(*) FROM pg_stat_progress_vacuum
+WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND relid = 'deadman.jobs'::regclass
+"""
+
+
 async def _cycles(
     targets: list[tuple[str, Client]], samples: int, batch: int, ttl_ms: int, time_cap_s: float
-) -> list[list[float]]:
+) -> tuple[list[list[float]], list[bool]]:
     """``WARMUP + samples`` enqueue/claim/finish cycles on each target database, the
-    targets taking turns cycle by cycle; returns each target's timed claims (ms)."""
+    targets taking turns cycle by cycle; returns each target's timed claims (ms), and
+    for each of the first target's whether a vacuum of its deadman.jobs was running
+    just after it (read untimed, on a connection of its own)."""
     # the worker's own session settings (generic plans, no JIT: DECISIONS 47), so the
     # claim is timed as the worker's producer sends it
     stores = [
@@ -151,6 +160,8 @@ async def _cycles(
         await store.open()
     params = ClaimParams("default", WORKER_ID, batch, ttl_ms)
     lat: list[list[float]] = [[] for _ in targets]
+    vacuuming: list[bool] = []
+    observer = await psycopg.AsyncConnection.connect(targets[0][0], autocommit=True)
     deadline = time.monotonic() + time_cap_s
     try:
         for i in range(WARMUP + samples):
@@ -174,10 +185,14 @@ async def _cycles(
                     raise AssertionError(f"finish accepted {len(done)} of {len(jobs)} jobs")
                 if i >= WARMUP:
                     lat[k].append(elapsed)
+                    if k == 0:
+                        row = await (await observer.execute(VACUUMING)).fetchone()
+                        vacuuming.append(bool(row and row[0]))
     finally:
+        await observer.close()
         for store in stores:
             await store.close()
-    return lat
+    return lat, vacuuming
 
 
 def measure(
@@ -197,7 +212,9 @@ def measure(
     before = sizes(dsn)
     plan = explain_claim(dsn, batch, ttl_ms)
     t0 = time.monotonic()
-    lat, ctl = asyncio.run(_cycles([(dsn, client), control], samples, batch, ttl_ms, time_cap_s))
+    (lat, ctl), vacuuming = asyncio.run(
+        _cycles([(dsn, client), control], samples, batch, ttl_ms, time_cap_s)
+    )
     wall = time.monotonic() - t0
     ctl_verify = dm.verify(control_dsn, (WARMUP + samples) * batch)
     if not ctl_verify["ok"]:
@@ -206,6 +223,14 @@ def measure(
     c = out["control"] = _stats(ctl)
     out["p50_ratio"] = round(out["p50_ms"] / c["p50_ms"], 2) if c["p50_ms"] else None
     out["p99_ratio"] = round(out["p99_ms"] / c["p99_ms"], 2) if c["p99_ms"] else None
+    # how the slow claims line up with a vacuum of the table: claims slower than the
+    # control's p99, and how many of those had a vacuum running right after them
+    slow = [v for ms, v in zip(lat, vacuuming, strict=True) if ms > c["p99_ms"]]
+    out["vacuum"] = {
+        "claims_with_vacuum_running": sum(vacuuming),
+        "over_control_p99": len(slow),
+        "over_control_p99_with_vacuum_running": sum(slow),
+    }
     # after too: whether autovacuum reached the table while the claims were timed
     out.update(wall_s=round(wall, 2), explain=plan, sizes=before, sizes_after=sizes(dsn))
     return out
@@ -356,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['explain']['shared_buffers_median']} pages; dead {jobs.get('n_dead_tup')}, "
             f"autovacuums {jobs.get('autovacuum_count')} (after the claims "
             f"{p['sizes_after'].get('jobs', {}).get('autovacuum_count')}), last "
-            f"{jobs.get('last_autovacuum_age_s')} s before"
+            f"{jobs.get('last_autovacuum_age_s')} s before; claims over the control's p99 "
+            f"{p['vacuum']['over_control_p99']}, with a vacuum running "
+            f"{p['vacuum']['over_control_p99_with_vacuum_running']} (of all claims "
+            f"{p['vacuum']['claims_with_vacuum_running']})"
         )
     print(f"run {res['run_s']} s ({res['run_jobs_per_s']} jobs/s); verified {res['ok']}")
     return 0 if res["ok"] else 1

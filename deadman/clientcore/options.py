@@ -49,9 +49,45 @@ def to_ms(value: timedelta | float | int | None) -> int | None:
     return round(float(value) * 1000)
 
 
+#: options whose checked form depends on their value alone, and the exact types a
+#: value of theirs may have to be remembered (see ``new_job``)
+_REMEMBERED_OPTIONS = frozenset(
+    (
+        "queue",
+        "priority",
+        "max_attempts",
+        "delay",
+        "timeout",
+        "heartbeat_timeout",
+        "backoff",
+        "limit_key",
+    )
+)
+_REMEMBERED_TYPES = frozenset((str, int, float, timedelta, Backoff, type(None)))
+#: checked jobs without a payload, by type and options (``new_job``); bounded
+_CHECKED: dict[tuple[Any, ...], NewJob] = {}
+_CHECKED_MAX = 512
+
+
 def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
     """The job the options describe, checked as ``POST /jobs`` checks its body: a
-    broken field raises :class:`~deadman.spec.SpecError` naming it."""
+    broken field raises :class:`~deadman.spec.SpecError` naming it.
+
+    Bulk enqueue builds thousands of jobs that differ only in their payload, which the
+    spec takes as it is (any JSON, encoded when the job is sent). So a job whose type
+    and options were accepted before is not checked again: the checked job is
+    remembered without its payload, keyed by the type and every option's name, exact
+    type and value (``True`` is not ``1``, ``1.0`` is not ``1``: the spec refuses what
+    it does not take as given). Only options whose checked form depends on their value
+    alone are remembered: not timestamps (a time zone is an object with behaviour),
+    keys, dependencies. Refusals are never remembered. DECISIONS 64."""
+    key = _remembered_key(type, options)
+    if key is not None:
+        checked = _CHECKED.get(key)
+        if checked is not None:
+            job = object.__new__(NewJob)
+            job.__dict__.update(checked.__dict__, payload=payload)
+            return traced(job)
     body: dict[str, Any] = {"type": type, "payload": payload}
     for name, value in options.items():
         if value is None:
@@ -64,7 +100,25 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
             body[name] = [d.id if isinstance(d, Job) else d for d in value]  # type: ignore[attr-defined]
         else:
             body[name] = value
-    return traced(validate(BatchJobSpec, body).to_new_job())
+    job = validate(BatchJobSpec, body).to_new_job()
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = replace(job, payload=None)
+    return traced(job)
+
+
+def _remembered_key(type_: Any, options: JobOptions) -> tuple[Any, ...] | None:
+    """The key new_job remembers a checked job by; None: not to be remembered."""
+    if type(type_) is not str:
+        return None
+    key: list[Any] = [type_]
+    for name, value in options.items():
+        kind = type(value)
+        if name not in _REMEMBERED_OPTIONS or kind not in _REMEMBERED_TYPES:
+            return None
+        key += (name, kind, value)
+    return tuple(key)
 
 
 def traced(job: NewJob) -> NewJob:
