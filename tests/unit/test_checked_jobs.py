@@ -124,7 +124,7 @@ def test_options_with_behaviour_or_per_job_values_are_checked_every_time() -> No
         {"depends_on": [1]},
         {"queue": ["not", "hashable"]},
     ):
-        answer("noop", None, options)  # type: ignore[arg-type]
+        answer("noop", None, options)
     assert not opts._CHECKED
 
 
