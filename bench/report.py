@@ -1064,9 +1064,10 @@ def _scale(data: dict[str, Any], w: Any) -> None:
     w(
         "| point | claim p50 ms | p90 ms | p99 ms | max ms | near-empty control p50 / p99 ms "
         "(interleaved) | p50 / p99 vs control | p50 / p99 vs first point | server ms "
-        "(EXPLAIN ANALYZE) | pages touched |"
+        "(EXPLAIN ANALYZE) | pages touched | plain session: server ms / pages | claims over "
+        "the control's p99 (with a vacuum of jobs beside them) |"
     )
-    w("|---|---|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, label in SCALE_POINTS.items():
         p = sc["points"][name]
         c = p["control"]
@@ -1075,7 +1076,8 @@ def _scale(data: dict[str, Any], w: Any) -> None:
             f"{p['p99_ms']:.2f} | {p['max_ms']:.2f} | {c['p50_ms']:.2f} / {c['p99_ms']:.2f} | "
             f"{p['p50_ratio']:.2f}x / {p['p99_ratio']:.2f}x | "
             f"{p['p50_vs_first']:.2f}x / {p['p99_vs_first']:.2f}x | "
-            f"{p['explain']['execution_ms_median']:.3f} | {p['explain']['shared_buffers_median']} |"
+            f"{p['explain']['execution_ms_median']:.3f} | "
+            f"{p['explain']['shared_buffers_median']} | {_plain_explain(p)} | {_vacuum_beside(p)} |"
         )
     w(
         "\nThe control is a second database, truncated before each point and kept "
@@ -1108,8 +1110,27 @@ def _scale(data: dict[str, Any], w: Any) -> None:
         "'Server ms' and 'pages touched' (shared buffers hit + read) are of one claim run "
         "under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back transaction that first inserts 10 "
         "due jobs (median of 5): the pages it walked to find its 10 jobs plus those it "
-        "wrote to update them and their index entries.\n"
+        "wrote to update them and their index entries. It runs on a session with the "
+        "worker's options (its generic plan, as the timed claims run it) and, for "
+        "comparison, on a plain session (a plan made for these parameters). The last "
+        "column counts the timed claims slower than the control's p99, and how many of "
+        "them had a vacuum of deadman.jobs running right after them "
+        "(pg_stat_progress_vacuum).\n"
     )
+
+
+def _plain_explain(p: dict[str, Any]) -> str:
+    e = p.get("explain_plain_session")
+    if not e:
+        return "not measured"
+    return f"{e['execution_ms_median']:.3f} / {e['shared_buffers_median']}"
+
+
+def _vacuum_beside(p: dict[str, Any]) -> str:
+    v = p.get("vacuum")
+    if not v:
+        return "not measured"
+    return f"{v['over_control_p99']} ({v['over_control_p99_with_vacuum_running']})"
 
 
 def _retention(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -> None:

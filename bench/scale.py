@@ -27,10 +27,13 @@ Points, in order, on one fresh database:
   with whatever dead tuples autovacuum had not reclaimed yet.
 - ``completed_vacuumed``: the same table after a manual ``VACUUM ANALYZE``.
 
-At each point: the table's and its indexes' sizes, live and dead tuples, and a
+At each point: the table's and its indexes' sizes, live and dead tuples, and an
 ``EXPLAIN (ANALYZE, BUFFERS)`` of one claim (rolled back): server time and pages
-touched. At the end every job in the table must be 'succeeded' with exactly one
-attempt row, 'succeeded' (bench.deadman_bench.verify); anything else fails.
+touched, on a session with the worker's options (the plan the timed claims run) and
+on a plain one (a custom plan, for comparison). The timed claims are also matched
+against a vacuum of the table running beside them. At the end every job in the
+table must be 'succeeded' with exactly one attempt row, 'succeeded'
+(bench.deadman_bench.verify); anything else fails.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import time
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench import deadman_bench as dm
 from bench.common import create_database, durable_cluster, pct, stop, wait_for
@@ -93,22 +98,52 @@ def sizes(dsn: str) -> dict[str, Any]:
     return out
 
 
-def explain_claim(dsn: str, batch: int, ttl_ms: int, n: int = 5) -> dict[str, Any]:
+def _numbered(query: str) -> tuple[str, list[str]]:
+    """``query`` with $n parameters for PREPARE, and the parameter names in $n order."""
+    order: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, query), order
+
+
+def explain_claim(
+    dsn: str, batch: int, ttl_ms: int, n: int = 5, *, worker_session: bool = True
+) -> dict[str, Any]:
     """Server side of one claim: EXPLAIN (ANALYZE, BUFFERS) in a rolled-back
     transaction, ``n`` times; the median execution time and the pages touched. Each
     transaction first inserts ``batch`` due jobs (rolled back with it), so the claim
-    finds what a timed claim finds: the point's table plus ``batch`` due jobs."""
+    finds what a timed claim finds: the point's table plus ``batch`` due jobs.
+
+    ``worker_session``: as the timed claims run it, on a session with the worker's
+    options (deadman.db.plans: its generic plan, no JIT, no sequential scans),
+    prepared and EXPLAIN EXECUTEd; otherwise on a plain session, planned for these
+    parameters."""
     params = claim_params(ClaimParams("default", WORKER_ID, batch, ttl_ms))
+    text, order = _numbered(QUERIES["job_claim"])
+    args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+    probe: sql.Composable
+    if worker_session:
+        probe = sql.SQL("EXECUTE claim_probe ({})").format(args)
+    else:
+        probe = sql.SQL(QUERIES["job_claim"])
     times: list[float] = []
     buffers: list[int] = []
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(generic_plans(dsn) if worker_session else dsn) as conn:
+        if worker_session:
+            conn.execute(sql.SQL("PREPARE claim_probe AS ") + sql.SQL(text))
+            conn.commit()
         for _ in range(n):
             conn.execute(
                 "INSERT INTO deadman.jobs (type) SELECT 'noop' FROM generate_series(1, %s)",
                 (batch,),
             )
             row = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)\n" + QUERIES["job_claim"], params
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + probe,
+                None if worker_session else params,
             ).fetchone()
             conn.rollback()
             assert row is not None
@@ -119,6 +154,7 @@ def explain_claim(dsn: str, batch: int, ttl_ms: int, n: int = 5) -> dict[str, An
                 int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
             )
     return {
+        "session": "worker (generic plan)" if worker_session else "plain (custom plan)",
         "execution_ms_median": round(statistics.median(times), 3),
         "shared_buffers_median": int(statistics.median(buffers)),
     }
@@ -211,6 +247,7 @@ def measure(
     dm.truncate(control_dsn)
     before = sizes(dsn)
     plan = explain_claim(dsn, batch, ttl_ms)
+    plain = explain_claim(dsn, batch, ttl_ms, worker_session=False)
     t0 = time.monotonic()
     (lat, ctl), vacuuming = asyncio.run(
         _cycles([(dsn, client), control], samples, batch, ttl_ms, time_cap_s)
@@ -232,7 +269,13 @@ def measure(
         "over_control_p99_with_vacuum_running": sum(slow),
     }
     # after too: whether autovacuum reached the table while the claims were timed
-    out.update(wall_s=round(wall, 2), explain=plan, sizes=before, sizes_after=sizes(dsn))
+    out.update(
+        wall_s=round(wall, 2),
+        explain=plan,
+        explain_plain_session=plain,
+        sizes=before,
+        sizes_after=sizes(dsn),
+    )
     return out
 
 
