@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 import time
@@ -56,7 +55,7 @@ from bench.common import create_database, durable_cluster, pct, stop, wait_for
 from deadman import Client
 from deadman.config import Settings
 from deadman.db.plans import generic_plans
-from deadman.db.queries import QUERIES
+from deadman.db.queries import QUERIES, numbered
 from deadman.model import AttemptOutcome, JobState
 from deadman.store import AsyncStore, ClaimParams, Finish, claim_params
 
@@ -98,18 +97,6 @@ def sizes(dsn: str) -> dict[str, Any]:
     return out
 
 
-def _numbered(query: str) -> tuple[str, list[str]]:
-    """``query`` with $n parameters for PREPARE, and the parameter names in $n order."""
-    order: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, query), order
-
-
 def explain_claim(
     dsn: str, batch: int, ttl_ms: int, n: int = 5, *, worker_session: bool = True
 ) -> dict[str, Any]:
@@ -123,7 +110,7 @@ def explain_claim(
     prepared and EXPLAIN EXECUTEd; otherwise on a plain session, planned for these
     parameters."""
     params = claim_params(ClaimParams("default", WORKER_ID, batch, ttl_ms))
-    text, order = _numbered(QUERIES["job_claim"])
+    text, order = numbered(QUERIES["job_claim"])
     args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
     probe: sql.Composable
     if worker_session:

@@ -12,6 +12,7 @@ from importlib import resources
 from typing import LiteralString, cast
 
 _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_PARAM = re.compile(r"%\((\w+)\)s")
 
 
 def parse(text: str) -> dict[str, LiteralString]:
@@ -31,6 +32,20 @@ def parse(text: str) -> dict[str, LiteralString]:
 
 def _strip_comments(sql: str) -> str:
     return "\n".join(ln for ln in sql.splitlines() if not ln.lstrip().startswith("--")).strip()
+
+
+def numbered(sql: LiteralString) -> tuple[LiteralString, list[str]]:
+    """``sql`` with ``$n`` parameters in place of ``%(name)s`` (for a server-side
+    PREPARE, as the plan tests and bench.scale run it: EXPLAIN EXECUTE shows the
+    generic plan a worker's session uses), and the parameter names in ``$n`` order."""
+    order: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    return cast(LiteralString, _PARAM.sub(number, sql)), order  # type: ignore[redundant-cast]
 
 
 def load() -> dict[str, LiteralString]:

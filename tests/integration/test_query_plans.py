@@ -7,7 +7,6 @@ job. The real SQL from QUERIES is EXPLAINed with the parameters the store sends.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from deadman.db.plans import generic_plans
-from deadman.db.queries import QUERIES
+from deadman.db.queries import QUERIES, numbered
 from deadman.model import AttemptOutcome, JobState
 from deadman.store import Finish, HeartbeatParams, finish_params, heartbeat_params
 from tests.factories import connect, insert_job
@@ -104,14 +103,7 @@ def test_finish_and_heartbeat_find_rows_through_the_primary_key(db_dsn: str) -> 
 
 def _numbered(name: str) -> tuple[str, list[str]]:
     """QUERIES[name] with $n parameters, and the parameter names in $n order."""
-    order: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", number, QUERIES[name]), order
+    return numbered(QUERIES[name])
 
 
 def _prepare(conn: psycopg.Connection[DictRow], probe: str, name: str) -> None:
