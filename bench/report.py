@@ -972,6 +972,7 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "acknowledged, and no request may be refused.\n"
         )
     if "scale" in data and "scale_n" in plan:
+        batch = data["scale"].get("batch", 10)
         lines.append(
             f"- **Scale**: claim latency at four points of one database: near-empty; "
             f"{plan['scale_n']:,} jobs queued (enqueued with `Client.enqueue_many`, then "
@@ -979,9 +980,10 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "`deadman worker` processes (not seeded with SQL), measured at once with whatever "
             "autovacuum had not yet reclaimed; and the same after a manual `VACUUM ANALYZE`. "
             f"At each point {plan['scale_samples']:,} timed claims, each one cycle of: enqueue "
-            "10 no-op jobs (untimed), `AsyncStore.job_claim` with the default batch (10 = the "
-            "default concurrency; the call the worker's producer makes), timed on the client "
-            "(round trip plus building the Job objects), then finishing the 10 (untimed). One "
+            f"{batch} no-op jobs (untimed), `AsyncStore.job_claim` with the default batch "
+            f"({batch} = the default concurrency; the call the worker's producer makes), timed "
+            "on the client (round trip plus building the Job objects), then finishing the "
+            f"{batch} (untimed). One "
             "pooled connection, 10 warm-up cycles first. Each cycle alternates with the same "
             "cycle on a near-empty control database, and the ratio is against that control. "
             "Every job in both databases must end 'succeeded' with exactly one attempt row.\n"
@@ -1108,8 +1110,9 @@ def _scale(data: dict[str, Any], w: Any) -> None:
     w(
         "\nLive/dead tuples are Postgres's statistics estimates (pg_stat_user_tables). "
         "'Server ms' and 'pages touched' (shared buffers hit + read) are of one claim run "
-        "under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back transaction that first inserts 10 "
-        "due jobs (median of 5): the pages it walked to find its 10 jobs plus those it "
+        "under EXPLAIN (ANALYZE, BUFFERS) in a rolled-back transaction that first inserts "
+        f"{sc['batch']} due jobs (median of 5): the pages it walked to find its {sc['batch']} "
+        "jobs plus those it "
         "wrote to update them and their index entries. It runs on a session with the "
         "worker's options (its generic plan, as the timed claims run it) and, for "
         "comparison, on a plain session (a plan made for these parameters). The last "

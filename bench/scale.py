@@ -3,7 +3,7 @@
 One claim round trip is what a worker's producer sends (``AsyncStore.job_claim``,
 the store call ``Producer._claim_round`` makes, no retries, on a session with the
 worker's options: generic plans, no JIT, ``deadman.db.plans``) with the default batch
-size (the default concurrency, 10), timed on the client with ``perf_counter``:
+size (the default concurrency, 100), timed on the client with ``perf_counter``:
 query, network and building the ``Job`` objects. Each sample is one cycle, only
 the claim timed: enqueue ``batch`` no-op jobs (``Client.enqueue_many``), claim
 ``batch`` (must return exactly that many), finish them (``job_finish_many``, must
