@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from deadman.cli_args import integer, number
+from deadman.config import Settings
 
 
 def add_parsers(
@@ -36,6 +37,14 @@ def add_parsers(
     )
     ch.add_argument(
         "--handler-ms", type=integer(0, 3_600_000), default=20, help="handler sleeps 0..N ms"
+    )
+    ch.add_argument(
+        "--max-rescues",
+        type=integer(0, 1000),
+        default=Settings().max_rescues,
+        help="the workers' DEADMAN_MAX_RESCUES: rescues before a job is claimed alone, and "
+        "one more while alone ends it dead as a poison pill (random kills at a high rate "
+        "can do that to an innocent job)",
     )
     ch.add_argument("--keep", action="store_true", help="leave the cluster running, print DSN")
     ch.add_argument("--unsafe-effects", action="store_true", help="negative control")

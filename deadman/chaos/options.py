@@ -43,6 +43,9 @@ class Options:
     keep: bool
     unsafe_effects: bool
     handler_ms: int
+    #: the workers' DEADMAN_MAX_RESCUES (see cli_chaos: random kills at a high rate can
+    #: make a job look like a poison pill)
+    max_rescues: int
     scenarios: frozenset[str]
     report: Path | None
 
@@ -84,6 +87,7 @@ class Options:
             "DEADMAN_RESCUE_S": str(min(1.0, heartbeat)),
             "DEADMAN_POLL_S": "1",
             "DEADMAN_CONCURRENCY": str(self.concurrency),
+            "DEADMAN_MAX_RESCUES": str(self.max_rescues),
             "DEADMAN_SHUTDOWN_GRACE_S": "5",
             "DEADMAN_LOG_FORMAT": "json",
             # warnings and errors only: leases lost, refusals, reconnects, crashes
@@ -104,6 +108,7 @@ class Options:
             "submit": self.submit,
             "timeout_s": self.timeout,
             "handler_ms": self.handler_ms,
+            "max_rescues": self.max_rescues,
             "unsafe_effects": self.unsafe_effects,
             "scenarios": sorted(self.scenarios),
             "database": "private cluster" if private_cluster else "--database-url",

@@ -8,6 +8,7 @@ import pytest
 from deadman.chaos.hosts import FAKETIME_LIB, SKEW, skewed
 from deadman.chaos.options import OPT_IN, SCENARIOS, Options
 from deadman.cli import build_parser
+from deadman.config import Settings
 from deadman.errors import DeadmanError
 
 
@@ -44,3 +45,16 @@ def test_hostile_hosts_flags_are_usage_errors(bad: str) -> None:
 def test_the_skewed_prefix_preloads_libfaketime_with_the_offset() -> None:
     assert skewed() == ("env", f"LD_PRELOAD={FAKETIME_LIB}", f"FAKETIME={SKEW}")
     assert skewed("-90m")[-1] == "FAKETIME=-90m"
+
+
+def test_max_rescues_reaches_the_workers_and_defaults_to_the_workers_own() -> None:
+    assert options().worker_env()["DEADMAN_MAX_RESCUES"] == str(Settings().max_rescues)
+    assert options("--max-rescues", "10").worker_env()["DEADMAN_MAX_RESCUES"] == "10"
+    assert options("--max-rescues", "10").summary(True)["max_rescues"] == 10
+
+
+@pytest.mark.parametrize("bad", ["-1", "1001", "x", "1.5", "", "1e3", "\x00"])
+def test_hostile_max_rescues_are_usage_errors(bad: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["chaos", "--max-rescues", bad])
+    assert exc.value.code == 2
