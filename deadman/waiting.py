@@ -220,10 +220,15 @@ class AsyncWaiter:
                     answer.set_result(job)
 
     async def _check_forever(self) -> None:
-        """Read what was notified as it comes, and every wait once per ``poll_s``."""
+        """Read what was notified as it comes, and every wait once per ``poll_s``.
+
+        Ends at close() by its cancel, or by ``_closed`` when the cancel was swallowed:
+        Python 3.11's ``asyncio.wait_for`` returns the inner result instead of raising
+        when the task is cancelled as the kick arrives (close() then waited on this
+        loop's next 30 s wait; tests/integration/test_waiting.py reproduces it)."""
         loop = asyncio.get_running_loop()
         next_poll = loop.time() + self._poll_s
-        while True:
+        while not self._closed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), max(0.0, next_poll - loop.time()))
             self._kick.clear()
@@ -243,7 +248,7 @@ class AsyncWaiter:
 
     async def _listen_forever(self) -> None:
         delay = 0.1
-        while True:
+        while not self._closed:  # as _check_forever: a swallowed cancel still ends it
             try:
                 await self._listen()
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
@@ -267,7 +272,7 @@ class AsyncWaiter:
             await conn.execute(QUERIES["listen_done"])
             self.connected.set()
             self._look(self._waits)  # ended before LISTEN took effect
-            while True:
+            while not self._closed:
                 async for note in conn.notifies(timeout=self._poll_s):
                     job_id = parse_job_id(note.payload)
                     if job_id is not None and job_id in self._waits:

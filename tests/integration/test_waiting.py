@@ -309,6 +309,29 @@ def test_a_job_deleted_while_waited_on_is_not_found(db_dsn: str) -> None:
     with_waiter(db_dsn, body, poll_s=0.2)
 
 
+@pytest.mark.parametrize("turns", [0, 1, 2, 3, 4])
+def test_closing_ends_the_checker_even_when_a_kick_races_the_cancel(
+    db_dsn: str, turns: int
+) -> None:
+    """Python 3.11's asyncio.wait_for returns the inner result instead of raising when
+    a task is cancelled just as what it waits for completes: the checker's wait on a
+    kick swallowed close()'s cancel and went back to a 30 s wait, and close() waited on
+    it (a fresh-clone suite: test_closing_a_waiter_ends_its_waits timed out at 300 s).
+    A kick (the listener connecting, a notification) lands 0-4 loop turns before the
+    close here; close must finish either way."""
+
+    async def main() -> None:
+        waiter = AsyncWaiter(db_dsn, poll_s=SLOW_POLL_S)
+        await waiter._start()
+        await asyncio.sleep(0.05)  # the checker waits on its kick
+        waiter._kick.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(waiter.close(), 10)
+
+    asyncio.run(main())
+
+
 def test_closing_a_waiter_ends_its_waits(db_dsn: str) -> None:
     """A server stopping closes its waiter: the waits in flight end with WaiterClosed
     (the long-poll then answers with the job as it is), and no new one starts."""
