@@ -123,8 +123,7 @@ UPDATE deadman.jobs
 SET has_dependents = true
 WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, state, COALESCE(node, 'job ' || id) AS name,
-    CASE WHEN state IN ('queued', 'scheduled', 'retrying') AND run_at <= now()
-         THEN pg_notify('deadman_jobs', queue) END AS notified;
+    deadman.wake_if_due(state, run_at, queue) AS notified;  -- migrations/0018
 
 -- name: job_deps_insert
 -- The edges of a job inserted with depends_on (after job_deps_lock, same transaction).
@@ -468,9 +467,7 @@ LISTEN deadman_done;
 -- a job enqueued and waited on at once sat queued for a 30 s poll).
 UPDATE deadman.jobs SET waited = true
 WHERE id = %(id)s AND NOT waited
-RETURNING *,
-    CASE WHEN state IN ('queued', 'scheduled', 'retrying') AND run_at <= now()
-         THEN pg_notify('deadman_jobs', queue) END AS notified;
+RETURNING *, deadman.wake_if_due(state, run_at, queue) AS notified;  -- migrations/0018
 
 -- name: queue_notify
 -- Wake idle producers of these queues (after a rescue or a release made jobs due).
@@ -802,9 +799,7 @@ FROM c;
 -- that cannot be retried, or a blocking dependency (job_blocking_deps says which).
 WITH deps AS (
     -- a due dependency's claims step past it until our commit: wake its queue then
-    SELECT u.state,
-           CASE WHEN u.state IN ('queued', 'scheduled', 'retrying') AND u.run_at <= now()
-                THEN pg_notify('deadman_jobs', u.queue) END AS notified
+    SELECT u.state, deadman.wake_if_due(u.state, u.run_at, u.queue) AS notified
     FROM deadman.job_deps d
     JOIN deadman.jobs u ON u.id = d.depends_on
     WHERE d.job_id = %(id)s
@@ -985,9 +980,7 @@ WITH picked AS (
 ), deps AS (
     -- the picked jobs' dependencies, through the primary key (`id = ANY`), locked
     -- (a due one's claims step past it until our commit: wake its queue then)
-    SELECT u.id, u.state,
-           CASE WHEN u.state IN ('queued', 'scheduled', 'retrying') AND u.run_at <= now()
-                THEN pg_notify('deadman_jobs', u.queue) END AS notified
+    SELECT u.id, u.state, deadman.wake_if_due(u.state, u.run_at, u.queue) AS notified
     FROM deadman.jobs u
     WHERE u.id = ANY(ARRAY(SELECT d.depends_on FROM deadman.job_deps d
                            JOIN picked p ON p.id = d.job_id))
