@@ -220,6 +220,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from deadman.api import create_app
+    from deadman.api.protocol import HttpProtocol
     from deadman.db.startup import check_once, redact
 
     not_yet = asyncio.run(check_once(dsn, schema=True))
@@ -236,6 +237,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             create_app(settings, dsn),
             host=args.host,
             port=args.port,
+            http=HttpProtocol,
             log_level=settings.log_level.lower(),
             timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         )

@@ -20,6 +20,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from deadman.api import create_app
+from deadman.api.protocol import HttpProtocol
 from deadman.config import Settings
 from tests.helpers import wait_for
 
@@ -54,7 +55,9 @@ def serve(app: Starlette) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, http=HttpProtocol, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
