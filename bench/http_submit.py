@@ -46,15 +46,25 @@ import psycopg
 from bench import common
 from deadman.db.migrate import migrate
 
-MODES = ("plain", "keyed", "batch")
+MODES = ("plain", "keyed", "keyed_many", "batch")
 BATCH = 100
+#: Clients of the "keyed_many" mode: enough that the one server process is the
+#: bottleneck (at 8, each request mostly waits for its group's WAL flush; measured
+#: 8 / 32 / 64 clients: the server's CPU reaches ~0.95 of a core only at 64).
+MANY_CLIENTS = 64
 MODE_LABELS = {
     "plain": "`POST /jobs`, no Idempotency-Key",
     "keyed": "`POST /jobs` with a new Idempotency-Key each",
+    "keyed_many": f"`POST /jobs` with a new Idempotency-Key each, {MANY_CLIENTS} clients",
     "batch": f"`POST /jobs/batch`, {BATCH} jobs per request",
 }
 #: cpu_snapshot's kinds, as this bench names them
 CPU_KINDS = {"workers": "server", "postgres": "postgres", "bench": "clients", "other": "others"}
+
+
+def clients_of(mode: str, clients: int) -> int:
+    """How many clients a mode runs: ``clients``, or MANY_CLIENTS for keyed_many."""
+    return MANY_CLIENTS if mode == "keyed_many" else clients
 
 
 def free_port() -> int:
@@ -91,7 +101,7 @@ def run_mode(
                     else:
                         bad.append(status)
                     continue
-                key = uuid.uuid4().hex if mode == "keyed" else None
+                key = uuid.uuid4().hex if mode in ("keyed", "keyed_many") else None
                 status, doc = http.post("/jobs", b'{"type":"noop"}', key)
                 if status == 201:
                     mine.append(doc["id"])
@@ -264,6 +274,7 @@ def measure(
     return {
         "mode": mode,
         "label": MODE_LABELS[mode],
+        "clients": clients,
         "acknowledged": acked,
         "requests_per_s": round(acked / per_request / phase["elapsed_s"], 1),
         "jobs_per_s": round(acked / phase["elapsed_s"], 1),
@@ -313,7 +324,8 @@ def run(
     try:
         for mode in modes:
             spy = profile if mode == "keyed" else None
-            r = measure(dsn, server, base, mode, seconds, clients, acked_total, spy, client)
+            n = clients_of(mode, clients)
+            r = measure(dsn, server, base, mode, seconds, n, acked_total, spy, client)
             acked_total += r["acknowledged"]
             results.append(r)
     finally:
@@ -366,7 +378,8 @@ def ab(
                 try:
                     acked = 0
                     for mode in modes:
-                        r = measure(dsn, server, url, mode, seconds, clients, acked, client=client)
+                        n = clients_of(mode, clients)
+                        r = measure(dsn, server, url, mode, seconds, n, acked, client=client)
                         acked += r["acknowledged"]
                         runs.append({"side": side, "commit": commit, "rep": rep, **r})
                         print(

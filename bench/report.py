@@ -232,7 +232,7 @@ def _summary(data: dict[str, Any], w: Any) -> None:
         )
     ht = data.get("http", {})
     for r in ht.get("results", []):
-        if r["mode"] in ("keyed", "batch"):
+        if r["mode"] in ("keyed", "keyed_many", "batch"):
             w(
                 f"| HTTP {r['label']} (no target figure; no peer has an HTTP API) | "
                 f"{_f(r['jobs_per_s'])} jobs/s | | | {'measured' if r['ok'] else 'FAILED'} |"
@@ -1017,8 +1017,8 @@ def _http(data: dict[str, Any], w: Any) -> None:
         w(f"FAILED: {ht.get('error')}\n")
         return
     w(
-        f"Server: {ht['server']}; {ht['clients']} client threads, each with one keep-alive "
-        f"connection, {ht['seconds']:g} s per mode.\n"
+        f"Server: {ht['server']}; {ht['clients']} client threads (unless the row says "
+        f"more), each with one keep-alive connection, {ht['seconds']:g} s per mode.\n"
     )
     w("| mode | jobs/s | requests/s | acknowledged | non-201 | each acked job stored once |")
     w("|---|---|---|---|---|---|")
