@@ -74,11 +74,20 @@ def test_a_flood_of_bad_cancels_is_logged_at_a_bounded_rate(
 ) -> None:
     worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30)
     wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        # Registered is not yet listening: a flood sent before the listener's LISTEN
+        # is heard by nobody (seen once in a full suite: 0 lines logged). With a 30 s
+        # poll, a job enqueued now finishes in time only through the listener, whose
+        # wake-ups all come after its LISTEN.
+        first = client.enqueue("noop")
+        wait_state(db_dsn, first.id, "succeeded", timeout=15)
     flood = 3000
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET ROLE deadman_reader")
         conn.execute(
-            "SELECT pg_notify(%s, '²') FROM generate_series(1, %s)", (CANCEL_CHANNEL, flood)
+            # distinct payloads: Postgres folds identical ones of one transaction into one
+            "SELECT pg_notify(%s, '²' || g) FROM generate_series(1, %s) AS g",
+            (CANCEL_CHANNEL, flood),
         )
     with Client(db_dsn) as client:
         job = client.enqueue("noop")  # queued behind the flood on the same connection
