@@ -967,6 +967,8 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "these two cores and capped the run), send as fast as answers come back for "
             f"{plan['http_s']:g} s "
             "per mode: `POST /jobs` without, then with a new Idempotency-Key per job, then "
+            "the same with 64 client threads (where the one server process is CPU-bound; at "
+            "8 each request mostly waits for its group's WAL flush), then "
             "`POST /jobs/batch` with 100 jobs per request. After each mode every acknowledged "
             "id must be in the table exactly once, the table must hold nothing that was not "
             "acknowledged, and no request may be refused.\n"
