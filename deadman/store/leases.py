@@ -183,14 +183,7 @@ class LeaseStore(AsyncBase):
     async def job_next_run_at(self, queue: str) -> float | None:
         """Milliseconds until the queue's next not-yet-due job becomes due or a rate
         token frees for its keyed jobs (job_next_run_at), or None if neither."""
-        # Never prepared: planned on every call, at the table's size then. A worker
-        # session's generic plan is made once, at its first execution, and kept until
-        # an ANALYZE; made on a never-analyzed or empty table (a new install, every
-        # fresh bench database) it read jobs_list_queue_idx, so each idle cycle walked
-        # every finished job of the queue (988 tuples per job over a 2,000-job run at
-        # 200/s; the partial indexes all cost the same on an empty table, so no query
-        # shape fixes the choice). The cost: one planning per idle cycle.
-        rows = await self._all("job_next_run_at", {"queue": queue}, prepare=False)
+        rows = await self._all("job_next_run_at", {"queue": queue})
         return _ms(rows[0]["wait"]) if rows else None
 
     async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:

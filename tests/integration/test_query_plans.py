@@ -7,7 +7,6 @@ job. The real SQL from QUERIES is EXPLAINed with the parameters the store sends.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,14 +18,7 @@ from psycopg.rows import DictRow
 from deadman.db.plans import generic_plans
 from deadman.db.queries import QUERIES, numbered
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import (
-    AsyncStore,
-    ClaimParams,
-    Finish,
-    HeartbeatParams,
-    finish_params,
-    heartbeat_params,
-)
+from deadman.store import Finish, HeartbeatParams, finish_params, heartbeat_params
 from tests.factories import connect, insert_job
 from tests.helpers.plans import (
     SEED,
@@ -349,32 +341,3 @@ def test_a_claim_is_not_hot_so_the_measurement_can_fail(db_dsn: str) -> None:
         updated1, hot1 = _xact_updates(conn)
         conn.commit()
     assert (updated1 - updated0, hot1 - hot0) == (2, 1)
-
-
-def test_the_idle_wait_is_planned_at_each_call_not_kept_from_an_empty_table(
-    db_dsn: str,
-) -> None:
-    """job_next_run_at runs on every idle cycle of a producer. Kept as a worker
-    session's generic plan made on a never-analyzed table, it read jobs_list_queue_idx
-    and walked every finished job of the queue on each call (the partial indexes all
-    cost the same on an empty table). So it is never prepared: after many calls on one
-    worker connection it is not among the session's prepared statements, while the
-    claim, called as often, is (the check can see them)."""
-
-    async def main() -> list[str]:
-        store = AsyncStore.create(generic_plans(db_dsn), min_size=1, max_size=1)
-        await store.open()
-        try:
-            params = ClaimParams("default", "w", 10, 30_000, quarantine_at=5)
-            for _ in range(12):
-                await store.job_next_run_at("default")
-                await store.job_claim(params)
-            async with store.pool.connection() as conn:
-                cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
-                return [str(r["statement"]) for r in await cur.fetchall()]
-        finally:
-            await store.close()
-
-    prepared = asyncio.run(main())
-    assert _numbered("job_claim")[0] in prepared, "the check must see a prepared statement"
-    assert _numbered("job_next_run_at")[0] not in prepared, prepared
