@@ -1,8 +1,8 @@
 """What one job costs at low load: a worker (concurrency 10) on ``--database-url``,
 ``--rate`` single ``Client.enqueue`` calls per second for ``--seconds`` from one
-thread; then CPU per job (the worker, Postgres, this sender, from /proc) and the
-database's counters per job (pg_stat_database: transactions, tuples returned and
-fetched, buffer hits). Bounded: ``rate * seconds`` jobs, a 60 s deadline for them to
+thread; then CPU per job (the worker, Postgres, this sender: bench.common.cpu_used)
+and the database's counters per job (pg_stat_database: transactions, tuples returned
+and fetched, buffer hits). Bounded: ``rate * seconds`` jobs, a 60 s deadline for them to
 finish. Use a freshly created, migrated database to see what a new install pays.
 
     .venv-bench/bin/python -m bench.low_load --database-url postgresql://... --rate 200
@@ -11,7 +11,6 @@ finish. Use a freshly created, migrated database to see what a new install pays.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench import common
 from deadman import Client
 
 COUNTERS = (
@@ -34,20 +34,14 @@ STATS = f"SELECT {', '.join(COUNTERS)} FROM pg_stat_database WHERE datname = cur
 DONE = "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded'"
 
 
-def ticks() -> dict[int, tuple[str, int]]:
-    """pid -> (command, utime+stime ticks) of every process."""
-    out: dict[int, tuple[str, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(entry.name)] = (comm, int(fields[11]) + int(fields[12]))
-    return out
+def _watch_postmaster(dsn: str) -> None:
+    """Count this database's server processes as 'postgres' in common.cpu_snapshot:
+    its postmaster is the parent of our backend (the server is on this machine)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    stat = Path(f"/proc/{int(row[0])}/stat").read_text()
+    common.POSTMASTER[:] = [int(stat[stat.rindex(")") + 2 :].split()[1])]
 
 
 def _count(dsn: str, query: str) -> tuple[int, ...]:
@@ -68,7 +62,9 @@ def run(dsn: str, rate: float, seconds: float) -> dict[str, float]:
         time.sleep(3.0)  # the worker connects and makes its first claim
         done0 = _count(dsn, DONE)[0]
         stats0 = _count(dsn, STATS)
-        before = ticks()
+        _watch_postmaster(dsn)
+        before = common.cpu_snapshot([worker.pid])
+        started = time.monotonic()
         with Client(dsn) as client:
             start = time.perf_counter()
             for i in range(n):
@@ -81,24 +77,22 @@ def run(dsn: str, rate: float, seconds: float) -> dict[str, float]:
             if time.monotonic() > deadline:
                 raise SystemExit("the jobs did not finish within 60 s")
             time.sleep(0.05)
-        after = ticks()
+        window_s = time.monotonic() - started
+        cores = common.cpu_used(before, window_s, [worker.pid])
         time.sleep(1.5)  # the backends flush their statistics
         stats1 = _count(dsn, STATS)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
-    hz = os.sysconf("SC_CLK_TCK")
 
-    def cpu_ms(keep: set[int]) -> float:
-        used = sum(t - before.get(p, ("", 0))[1] for p, (_, t) in after.items() if p in keep)
-        return round(used / hz / n * 1e3, 3)
+    def cpu_ms(kind: str) -> float:
+        return round(cores.get(kind, 0.0) * window_s / n * 1e3, 3)
 
-    postgres = {p for p, (comm, _) in after.items() if comm.startswith("postgres")}
     out = {
         "jobs": float(n),
-        "worker_cpu_ms_per_job": cpu_ms({worker.pid}),
-        "postgres_cpu_ms_per_job": cpu_ms(postgres),
-        "sender_cpu_ms_per_job": cpu_ms({os.getpid()}),
+        "worker_cpu_ms_per_job": cpu_ms("workers"),
+        "postgres_cpu_ms_per_job": cpu_ms("postgres"),
+        "sender_cpu_ms_per_job": cpu_ms("bench"),
     }
     for name, a, b in zip(COUNTERS, stats0, stats1, strict=True):
         out[f"{name}_per_job"] = round((b - a) / n, 2)
