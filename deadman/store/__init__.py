@@ -32,6 +32,7 @@ from deadman.store.conn import AsyncConn, SyncConn
 from deadman.store.jobs import NewJob, UnknownDependency, deps_verdict
 from deadman.store.leases import (
     FINISH_IDLE_MS,
+    Claimed,
     ClaimParams,
     Finish,
     HeartbeatParams,
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncStore",
     "BatchInserted",
     "ClaimParams",
+    "Claimed",
     "Finish",
     "HeartbeatParams",
     "InvalidWorkflow",

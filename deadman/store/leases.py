@@ -41,6 +41,19 @@ def claim_params(p: ClaimParams) -> dict[str, Any]:
     return asdict(p)
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim took, and what its producer should do next (job_claim)."""
+
+    jobs: list[Job]
+    #: claim this queue again at once: the claim was full, or it was short and a due
+    #: job it did not take was left (another claimer's, or held back by its limit)
+    again: bool
+    #: not again: milliseconds until the queue's next not-yet-due job falls due or a
+    #: rate token frees for its keyed jobs; None if neither (a NOTIFY or the poll)
+    wait_ms: float | None
+
+
 def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
     """job_claim_quarantined's: claim_params without the limit (it claims one) and
     the keyed switch (a quarantined job is never keyed)."""
@@ -135,9 +148,16 @@ class LeaseStore(AsyncBase):
 
     # -- the worker's path ---------------------------------------------------------
 
-    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> Claimed:
+        """Claim up to ``p.limit`` due jobs, and learn in the same round trip whether
+        to claim again at once or how long to sleep (DECISIONS 66)."""
         rows = await self._all("job_claim", claim_params(p), retry_s)
-        return await self._readable(rows)
+        taken = [r for r in rows if r["id"] is not None]  # nothing taken: one NULL row
+        status = rows[0]
+        n = len(taken)
+        again = n >= p.limit or (n > 0 and bool(status["more"]))
+        wait = None if again else _ms(status["wait"])
+        return Claimed(await self._readable(taken), again, wait)
 
     async def job_claim_quarantined(
         self, p: ClaimParams, retry_s: float | None = None
@@ -179,12 +199,6 @@ class LeaseStore(AsyncBase):
             {"queues": list(queues), "quarantine_at": quarantine_at},
         )
         return bool(rows and rows[0]["pending"])
-
-    async def job_next_run_at(self, queue: str) -> float | None:
-        """Milliseconds until the queue's next not-yet-due job becomes due or a rate
-        token frees for its keyed jobs (job_next_run_at), or None if neither."""
-        rows = await self._all("job_next_run_at", {"queue": queue})
-        return _ms(rows[0]["wait"]) if rows else None
 
     async def job_finish_many(self, finishes: Sequence[Finish]) -> set[int]:
         """End attempts; returns the ids that were still ours. Missing ids: lease lost."""

@@ -2,11 +2,15 @@
 
 Claiming more than we can start would hold leases on jobs that sit idle in our
 memory while other workers starve (and a crash would strand them until their
-leases lapse). So the producer claims ``free slots`` jobs per queue, starts them at
-once, and only sleeps when a claim came back empty: a short batch is not an empty
-queue (SKIP LOCKED may simply have stepped over rows another worker is taking).
-Idle, it sleeps until a NOTIFY, a freed slot, the queue's next scheduled job, or
-the poll interval, whichever comes first.
+leases lapse). So the producer claims ``free slots`` jobs per queue and starts them at
+once. A short batch is not an empty queue (SKIP LOCKED may simply have stepped over
+rows another worker is taking), so the claim itself also answers whether a due job
+it did not take was left, and if none was (or it took nothing), how long until the
+queue's next job falls due (job_claim, DECISIONS 66): the producer claims again at
+once only when the claim was full or a due job was left. Idle, it sleeps until a
+NOTIFY, a freed slot, the queue's next scheduled job, or the poll interval,
+whichever comes first; the claim that found nothing more is the last statement of
+the round.
 
 Quarantine: a job rescued ``max_rescues`` times is a suspected poison pill. It is
 only ever claimed by a worker that holds nothing else, and that worker claims
@@ -46,11 +50,11 @@ log = logs.get("deadman.producer")
 QUARANTINE_CHECK_S = 5.0
 #: Least time between claims while they keep coming back empty. NOTIFY needs no
 #: privilege, so anyone who can connect can wake every producer thousands of times a
-#: second, and each wake-up was a claim and a next_run_at query (measured: a
+#: second, and each wake-up was a claim and a next_run_at query then (measured: a
 #: reader's NOTIFY flood cost an idle worker 27 % of a core; 821 claims in 1.7 s).
-#: Steady traffic is not delayed: the claim after a job's is empty, the wake-up for
-#: the next job then claims at once (the latency benchmark sends one every 5 ms);
-#: only a second empty claim in a row makes the next one wait.
+#: Steady traffic is not delayed: a claim that takes a job is not empty, so the
+#: wake-up for the next job claims at once (the latency benchmark sends one every
+#: 5 ms); only a second empty claim in a row makes the next one wait.
 EMPTY_CLAIM_GAP_S = 0.01
 
 
@@ -159,7 +163,7 @@ class Producer(WorkerLoop):
                         continue  # drain first (the check at the top of the loop waits)
                     if await self._claim_quarantined(ttl_ms):
                         continue
-                got = await self._claim_round(ttl_ms)
+                got, again, wait = await self._claim_round(ttl_ms)
             except DatabaseUnavailable as exc:
                 log.warning("claim_failed", error=str(exc))
                 await self._sleep(min(self._settings.poll_s, 1.0))
@@ -175,10 +179,12 @@ class Producer(WorkerLoop):
                 continue
             if got:
                 self._empty_rounds = 0
+            if again:
                 continue
-            self._empty_rounds += 1
-            self._last_empty = time.monotonic()
-            await self._sleep(await self._idle_wait())
+            if not got:
+                self._empty_rounds += 1
+                self._last_empty = time.monotonic()
+            await self._sleep(wait)
 
     async def _claim_quarantined(self, ttl_ms: int) -> bool:
         """Idle: take one quarantined job, if any, and run it alone. None left (another
@@ -224,28 +230,32 @@ class Producer(WorkerLoop):
             quarantine_at=self._quarantine_at,
         )
 
-    async def _claim_round(self, ttl_ms: int) -> int:
-        """One claim per queue, rotating the starting queue for fairness."""
+    async def _claim_round(self, ttl_ms: int) -> tuple[int, bool, float]:
+        """One claim per queue, rotating the starting queue for fairness. Returns the
+        jobs started, whether to claim again at once (a claim came back full, or
+        short with a due job left; or the slots ran out first) and, if not, how long
+        to sleep: until the soonest queue's next job falls due, at most the poll."""
         got = 0
+        again = False
+        wait = self._settings.poll_s
         n = len(self._queues)
         start = self._turn % n
         self._turn += 1
         for i in range(n):
-            if self._stop.is_set():
-                break
             free = min(self._slots.free(), self._claim_max)
-            if free <= 0:
-                break
+            if self._stop.is_set() or free <= 0:
+                return got, True, 0.0  # the run loop stops, or waits for a slot
             queue = self._queues[(start + i) % n]
             sent = time.monotonic()
             # No retries inside the store: `sent` must be the send time of the claim
             # that succeeded (the trust window counts from it). The run loop backs
             # off and claims again on DatabaseUnavailable.
             with tracing.span("deadman claim", _claiming(queue, free)) as span:
-                jobs = await self._store.job_claim(
+                claim = await self._store.job_claim(
                     self._claim_params(queue, free, ttl_ms), retry_s=0
                 )
-                span.set_attribute("messaging.batch.message_count", len(jobs))
+                span.set_attribute("messaging.batch.message_count", len(claim.jobs))
+            jobs = claim.jobs
             self.claims += 1
             self._claimed(queue, free, len(jobs))
             if jobs:
@@ -253,18 +263,11 @@ class Producer(WorkerLoop):
             for job in jobs:
                 self._executor.start(job, sent)
             got += len(jobs)
-        return got
-
-    async def _idle_wait(self) -> float:
-        wait = self._settings.poll_s
-        for queue in self._queues:
-            try:
-                ms = await self._store.job_next_run_at(queue)
-            except DatabaseUnavailable:
-                return wait
-            if ms is not None:
-                wait = min(wait, max(ms / 1000, 0.0))
-        return wait
+            if claim.again:
+                again = True
+            elif claim.wait_ms is not None:
+                wait = min(wait, max(claim.wait_ms / 1000, 0.0))
+        return got, again, wait
 
     async def _sleep(self, seconds: float) -> None:
         if seconds <= 0 or self._wake.is_set():

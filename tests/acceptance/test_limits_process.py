@@ -132,7 +132,7 @@ def test_rate_is_never_exceeded_in_any_window_and_holds_over_a_long_run(
             [client.job("noop", limit_key="api") for _ in range(count * windows)]
         )
     # one worker polling every 5 windows: only its wake-up when a token frees
-    # (job_next_run_at) can keep the rate, not its poll; 64 slots, so that one claim
+    # (job_claim's wait) can keep the rate, not its poll; 64 slots, so that one claim
     # (half the slots) can take a whole window's tokens
     _fleet(db_dsn, spawn_worker, 1, 64, DEADMAN_POLL_S=5)
     wait_all_state(db_dsn, ids, "succeeded", timeout=60)

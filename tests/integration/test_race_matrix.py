@@ -129,7 +129,8 @@ def _ids(rows: list[DictRow]) -> set[int]:
 
 def _claim(conn: Conn, w: World) -> list[DictRow]:
     p = ClaimParams(QUEUE, WORKER + "-2", 10, TTL_MS, QUARANTINE_AT)
-    return _rows(conn, "job_claim", claim_params(p))
+    # nothing taken: one row whose job columns are NULL (it carries the idle wait)
+    return [r for r in _rows(conn, "job_claim", claim_params(p)) if r["id"] is not None]
 
 
 def _limit_tighten(conn: Conn, w: World) -> list[DictRow]:

@@ -10,9 +10,11 @@ history asserted here is exact.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
+import psycopg
 import pytest
 
 from deadman.client import Client
@@ -200,3 +202,23 @@ def test_a_nan_result_fails_the_attempt_and_the_worker_survives(
             code = worker.stop(timeout=30)
         assert state_of(conn, bad) == "dead"
         assert code == 0
+
+
+def test_one_claim_per_job_when_jobs_come_one_at_a_time(db_dsn: str, client: Client) -> None:
+    """DECISIONS 66: the claim that takes a lone job also says nothing more is due, so
+    the producer goes idle on it; it used to claim once more (always empty) and then
+    ask when the next job was due: three statements per wake-up instead of one."""
+    jobs = 20
+    settings = replace(SETTINGS, poll_s=30.0)  # no claims on the poll's account
+    with connect(db_dsn) as conn, running_worker(db_dsn, settings) as worker:
+        first = client.enqueue("noop").id  # the listener is up once this one ran
+        wait_for(lambda: state_of(conn, first) == "succeeded", 10, message="the first job")
+        before = worker.claims
+        for _ in range(jobs):  # bounded: 20 jobs, 10 s each at most
+            wait_for(partial(_succeeded, conn, client.enqueue("noop").id), 10, message="a job")
+        claims = worker.claims - before
+    assert jobs <= claims <= jobs + 2, f"{claims} claims for {jobs} jobs"
+
+
+def _succeeded(conn: psycopg.Connection[Any], job_id: int) -> bool:
+    return state_of(conn, job_id) == "succeeded"
