@@ -193,7 +193,7 @@ async def _cycles(
             for k, ((_, client), store) in enumerate(zip(targets, stores, strict=True)):
                 client.enqueue_many([client.job("noop") for _ in range(batch)])
                 t0 = time.perf_counter()
-                jobs = (await store.job_claim(params, retry_s=0)).jobs
+                jobs = await store.job_claim(params, retry_s=0)
                 elapsed = (time.perf_counter() - t0) * 1000
                 if len(jobs) != batch:
                     raise AssertionError(f"claim returned {len(jobs)} jobs, expected {batch}")

@@ -181,92 +181,10 @@ WITH keyed AS (
         ARRAY(SELECT id FROM candidates ORDER BY priority DESC, run_at, id
               LIMIT %(limit)s - (SELECT count(*) FROM keyed)),
         %(worker)s, %(ttl_ms)s, now())
-), taken AS (
-    SELECT * FROM keyed
-    UNION ALL
-    SELECT * FROM claimed
-), got AS (
-    SELECT count(*) AS n, COALESCE(array_agg(id), '{}') AS ids FROM taken
-), status AS (
-    -- `more`, for a short claim only: is a due job of the queue left that this claim
-    -- did not take? Read in this statement's snapshot, where the jobs just taken are
-    -- still due (hence the ids) and so is a job another claimer was taking when SKIP
-    -- LOCKED stepped over it: then the producer claims again at once, as it always
-    -- did after a short claim. Nothing left: it goes idle without the empty claim
-    -- that used to follow (DECISIONS 66). A job committed after the snapshot sends
-    -- its NOTIFY at its commit; a holder that takes a due row without claiming it
-    -- wakes the queue at its own (DECISIONS 63). Keyed jobs count too: one held back
-    -- by its limit makes the producer claim once more, and that claim comes back
-    -- empty, as before.
-    -- Each look is ordered as its claim index is, so that every plan reads that
-    -- index: unordered, a generic plan on a table never analyzed took the queue's
-    -- listing index, which holds every finished job too, and walked all of them.
-    SELECT g.n,
-           CASE WHEN g.n < %(limit)s THEN
-               (SELECT true FROM deadman.jobs j  -- jobs_claim_idx
-                WHERE j.queue = %(queue)s AND j.limit_key IS NULL
-                  AND j.state IN ('queued', 'scheduled', 'retrying')
-                  AND j.run_at <= now()
-                  AND j.rescues < %(quarantine_at)s
-                  AND (j.start_by IS NULL OR j.start_by > now())
-                  AND (j.deadline IS NULL OR j.deadline > now())
-                  AND j.id <> ALL (g.ids)
-                ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) IS NOT NULL
-               OR (SELECT true FROM deadman.jobs j  -- jobs_claim_keyed_idx
-                   WHERE j.queue = %(queue)s AND j.limit_key IS NOT NULL
-                     AND j.state IN ('queued', 'scheduled', 'retrying')
-                     AND j.run_at <= now()
-                     AND j.rescues < %(quarantine_at)s
-                     AND (j.start_by IS NULL OR j.start_by > now())
-                     AND (j.deadline IS NULL OR j.deadline > now())
-                     AND j.id <> ALL (g.ids)
-                   ORDER BY j.limit_key, j.priority DESC, j.run_at, j.id LIMIT 1) IS NOT NULL
-           END AS more
-    FROM got g
 )
--- One row per job taken, each carrying `more` and `wait`; nothing taken: one row
--- whose job columns are all NULL.
--- `wait`, for a producer about to go idle (nothing taken, or a short claim with
--- nothing more due): how long until it should claim again, so that it sleeps
--- exactly until then instead of a whole poll interval: the next not-yet-due job of
--- the queue becomes due (read in claim-index order, as above; OFFSET 0 keeps that
--- order from being planned away), or a rate token frees for a key with due jobs in
--- the queue (the oldest start in its window leaves it at its stamp + per_ms). Not
--- sooner than 10 ms (the least gap between empty claims, EMPTY_CLAIM_GAP_S): a
--- token that freed since this statement's snapshot is taken then, and nothing
--- claims faster than that on it. A key at its concurrency waits for a finish (and
--- the poll), not for a token. NULL: nothing to wait for but a NOTIFY or the poll.
-SELECT taken.*, s.more,
-       CASE WHEN s.n = 0 OR (s.n < %(limit)s AND NOT s.more) THEN LEAST(
-           (SELECT min(run_at) FROM (
-                SELECT run_at FROM deadman.jobs  -- jobs_claim_idx
-                WHERE queue = %(queue)s AND limit_key IS NULL
-                  AND state IN ('queued', 'scheduled', 'retrying')
-                  AND run_at > now()
-                ORDER BY priority DESC, run_at, id OFFSET 0) u),
-           (SELECT min(run_at) FROM (
-                SELECT run_at FROM deadman.jobs  -- jobs_claim_keyed_idx
-                WHERE queue = %(queue)s AND limit_key IS NOT NULL
-                  AND state IN ('queued', 'scheduled', 'retrying')
-                  AND run_at > now()
-                ORDER BY limit_key, priority DESC, run_at, id OFFSET 0) k),
-           (SELECT min(GREATEST(f.first + l.rate_per_ms::bigint * interval '1 millisecond',
-                                now() + interval '10 milliseconds'))  -- no key: NULL
-            FROM deadman.limits l
-            CROSS JOIN LATERAL (
-                SELECT min(at) AS first FROM deadman.limit_starts
-                WHERE key = l.key AND at > now() - l.rate_per_ms::bigint * interval '1 millisecond'
-            ) f
-            WHERE l.rate_count IS NOT NULL
-              AND f.first IS NOT NULL
-              AND (l.concurrency IS NULL OR deadman.limit_running(l.key) < l.concurrency)
-              AND EXISTS (SELECT 1 FROM deadman.jobs k
-                          WHERE k.queue = %(queue)s AND k.limit_key = l.key
-                            AND k.state IN ('queued', 'scheduled', 'retrying')
-                            AND k.run_at <= now()))
-       ) - now() END AS wait
-FROM status s
-LEFT JOIN taken ON true;
+SELECT * FROM keyed
+UNION ALL
+SELECT * FROM claimed;
 
 -- name: job_claim_quarantined
 -- One suspected poison pill (rescued %(quarantine_at)s times or more), for a worker
@@ -307,6 +225,78 @@ SELECT EXISTS (
       AND (j.start_by IS NULL OR j.start_by > now())
       AND (j.deadline IS NULL OR j.deadline > now())
 ) AS pending;
+
+-- name: job_claim_left
+-- What a claim that was not full left (DECISIONS 66), asked by the producer in the
+-- statement after it: the jobs it took are running by now.
+-- `more`: is a due job of the queue left that a claim could take (the queue not
+-- paused, the job not quarantined, not past its start_by or deadline)? One another
+-- claimer was taking when SKIP LOCKED stepped over it counts (it is still due in
+-- this snapshot): then the producer claims again at once, as it always did after a
+-- short claim. None left: it goes idle without the empty claim that used to follow.
+-- A job committed later sends its NOTIFY at its commit; a holder that takes a due
+-- row without claiming it wakes the queue at its own (DECISIONS 63). Keyed jobs
+-- count too: one held back by its limit makes the producer claim once more, and
+-- that claim comes back empty, as before.
+-- `wait`: how long an idle producer should sleep, so that it wakes exactly when it
+-- must instead of at its poll: the next not-yet-due job of the queue becomes due,
+-- or a rate token frees for a key with due jobs in the queue (the oldest start in
+-- its window leaves it at its stamp + per_ms). Not sooner than 10 ms (the least gap
+-- between empty claims, EMPTY_CLAIM_GAP_S): a token that freed between the claim
+-- and this look is taken then, and nothing claims faster than that on it. A key at
+-- its concurrency waits for a finish (and the poll), not for a token. NULL: nothing
+-- to wait for but a NOTIFY or the poll.
+-- Every look is ordered as its claim index is, so that every plan reads that index:
+-- unordered, a generic plan made on a table never analyzed read the queue's listing
+-- index, which holds every finished job too, and walked all of them at each idle
+-- cycle (DECISIONS 65, "Not adopted: planning job_next_run_at at each call");
+-- OFFSET 0 keeps the order of the two min() looks from being planned away.
+SELECT NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+       AND ((SELECT true FROM deadman.jobs j  -- jobs_claim_idx
+        WHERE j.queue = %(queue)s AND j.limit_key IS NULL
+          AND j.state IN ('queued', 'scheduled', 'retrying')
+          AND j.run_at <= now()
+          AND j.rescues < %(quarantine_at)s
+          AND (j.start_by IS NULL OR j.start_by > now())
+          AND (j.deadline IS NULL OR j.deadline > now())
+        ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) IS NOT NULL
+       OR (SELECT true FROM deadman.jobs j  -- jobs_claim_keyed_idx
+           WHERE j.queue = %(queue)s AND j.limit_key IS NOT NULL
+             AND j.state IN ('queued', 'scheduled', 'retrying')
+             AND j.run_at <= now()
+             AND j.rescues < %(quarantine_at)s
+             AND (j.start_by IS NULL OR j.start_by > now())
+             AND (j.deadline IS NULL OR j.deadline > now())
+           ORDER BY j.limit_key, j.priority DESC, j.run_at, j.id LIMIT 1) IS NOT NULL)
+       AS more,
+       LEAST(
+           (SELECT min(run_at) FROM (
+                SELECT run_at FROM deadman.jobs  -- jobs_claim_idx
+                WHERE queue = %(queue)s AND limit_key IS NULL
+                  AND state IN ('queued', 'scheduled', 'retrying')
+                  AND run_at > now()
+                ORDER BY priority DESC, run_at, id OFFSET 0) u),
+           (SELECT min(run_at) FROM (
+                SELECT run_at FROM deadman.jobs  -- jobs_claim_keyed_idx
+                WHERE queue = %(queue)s AND limit_key IS NOT NULL
+                  AND state IN ('queued', 'scheduled', 'retrying')
+                  AND run_at > now()
+                ORDER BY limit_key, priority DESC, run_at, id OFFSET 0) k),
+           (SELECT min(GREATEST(f.first + l.rate_per_ms::bigint * interval '1 millisecond',
+                                now() + interval '10 milliseconds'))  -- no key: NULL
+            FROM deadman.limits l
+            CROSS JOIN LATERAL (
+                SELECT min(at) AS first FROM deadman.limit_starts
+                WHERE key = l.key AND at > now() - l.rate_per_ms::bigint * interval '1 millisecond'
+            ) f
+            WHERE l.rate_count IS NOT NULL
+              AND f.first IS NOT NULL
+              AND (l.concurrency IS NULL OR deadman.limit_running(l.key) < l.concurrency)
+              AND EXISTS (SELECT 1 FROM deadman.jobs k
+                          WHERE k.queue = %(queue)s AND k.limit_key = l.key
+                            AND k.state IN ('queued', 'scheduled', 'retrying')
+                            AND k.run_at <= now()))
+       ) - now() AS wait;
 
 -- name: job_finish_many
 -- End many attempts in one statement: success, retry, dead, cancelled or released.

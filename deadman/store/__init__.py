@@ -32,7 +32,7 @@ from deadman.store.conn import AsyncConn, SyncConn
 from deadman.store.jobs import NewJob, UnknownDependency, deps_verdict
 from deadman.store.leases import (
     FINISH_IDLE_MS,
-    Claimed,
+    ClaimLeft,
     ClaimParams,
     Finish,
     HeartbeatParams,
@@ -56,8 +56,8 @@ __all__ = [
     "AsyncConn",
     "AsyncStore",
     "BatchInserted",
+    "ClaimLeft",
     "ClaimParams",
-    "Claimed",
     "Finish",
     "HeartbeatParams",
     "InvalidWorkflow",

@@ -42,15 +42,14 @@ def claim_params(p: ClaimParams) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Claimed:
-    """What a claim took, and what its producer should do next (job_claim)."""
+class ClaimLeft:
+    """What a claim that was not full left in its queue (job_claim_left)."""
 
-    jobs: list[Job]
-    #: claim this queue again at once: the claim was full, or it was short and a due
-    #: job it did not take was left (another claimer's, or held back by its limit)
-    again: bool
-    #: not again: milliseconds until the queue's next not-yet-due job falls due or a
-    #: rate token frees for its keyed jobs; None if neither (a NOTIFY or the poll)
+    #: a due job a claim could take is left: claim again at once (another claimer's,
+    #: still being taken, or one held back by its limit)
+    more: bool
+    #: milliseconds until the queue's next not-yet-due job falls due or a rate token
+    #: frees for its keyed jobs; None if neither (a NOTIFY or the poll)
     wait_ms: float | None
 
 
@@ -148,16 +147,14 @@ class LeaseStore(AsyncBase):
 
     # -- the worker's path ---------------------------------------------------------
 
-    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> Claimed:
-        """Claim up to ``p.limit`` due jobs, and learn in the same round trip whether
-        to claim again at once or how long to sleep (DECISIONS 66)."""
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
         rows = await self._all("job_claim", claim_params(p), retry_s)
-        taken = [r for r in rows if r["id"] is not None]  # nothing taken: one NULL row
-        status = rows[0]
-        n = len(taken)
-        again = n >= p.limit or (n > 0 and bool(status["more"]))
-        wait = None if again else _ms(status["wait"])
-        return Claimed(await self._readable(taken), again, wait)
+        return await self._readable(rows)
+
+    async def job_claim_left(self, queue: str, quarantine_at: int) -> ClaimLeft:
+        """After a claim that was not full: claim again at once, or sleep how long?"""
+        rows = await self._all("job_claim_left", {"queue": queue, "quarantine_at": quarantine_at})
+        return ClaimLeft(bool(rows[0]["more"]), _ms(rows[0]["wait"]))
 
     async def job_claim_quarantined(
         self, p: ClaimParams, retry_s: float | None = None

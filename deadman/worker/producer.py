@@ -4,13 +4,12 @@ Claiming more than we can start would hold leases on jobs that sit idle in our
 memory while other workers starve (and a crash would strand them until their
 leases lapse). So the producer claims ``free slots`` jobs per queue and starts them at
 once. A short batch is not an empty queue (SKIP LOCKED may simply have stepped over
-rows another worker is taking), so the claim itself also answers whether a due job
-it did not take was left, and if none was (or it took nothing), how long until the
-queue's next job falls due (job_claim, DECISIONS 66): the producer claims again at
-once only when the claim was full or a due job was left. Idle, it sleeps until a
-NOTIFY, a freed slot, the queue's next scheduled job, or the poll interval,
-whichever comes first; the claim that found nothing more is the last statement of
-the round.
+rows another worker is taking), so after a claim that was not full, once its jobs
+have started, the producer asks what it left (job_claim_left, DECISIONS 66): a due
+job it could take (then it claims again at once), or else how long until the
+queue's next job falls due. Idle, it sleeps until a NOTIFY, a freed slot, the
+queue's next scheduled job, or the poll interval, whichever comes first. The claim
+stays as lean as it was: what it would add to it is paid before the jobs start.
 
 Quarantine: a job rescued ``max_rescues`` times is a suspected poison pill. It is
 only ever claimed by a worker that holds nothing else, and that worker claims
@@ -234,7 +233,9 @@ class Producer(WorkerLoop):
         """One claim per queue, rotating the starting queue for fairness. Returns the
         jobs started, whether to claim again at once (a claim came back full, or
         short with a due job left; or the slots ran out first) and, if not, how long
-        to sleep: until the soonest queue's next job falls due, at most the poll."""
+        to sleep: until the soonest queue's next job falls due, at most the poll. An
+        empty claim never means 'again' (a due job another claimer holds is theirs,
+        or its holder wakes the queue when it lets go: DECISIONS 63)."""
         got = 0
         again = False
         wait = self._settings.poll_s
@@ -251,11 +252,10 @@ class Producer(WorkerLoop):
             # that succeeded (the trust window counts from it). The run loop backs
             # off and claims again on DatabaseUnavailable.
             with tracing.span("deadman claim", _claiming(queue, free)) as span:
-                claim = await self._store.job_claim(
+                jobs = await self._store.job_claim(
                     self._claim_params(queue, free, ttl_ms), retry_s=0
                 )
-                span.set_attribute("messaging.batch.message_count", len(claim.jobs))
-            jobs = claim.jobs
+                span.set_attribute("messaging.batch.message_count", len(jobs))
             self.claims += 1
             self._claimed(queue, free, len(jobs))
             if jobs:
@@ -263,10 +263,19 @@ class Producer(WorkerLoop):
             for job in jobs:
                 self._executor.start(job, sent)
             got += len(jobs)
-            if claim.again:
+            if len(jobs) >= free:
                 again = True
-            elif claim.wait_ms is not None:
-                wait = min(wait, max(claim.wait_ms / 1000, 0.0))
+                continue
+            # Not full; the jobs it took have started. Whatever this answers, the
+            # claim that used to follow a short one is not sent when nothing is left.
+            try:
+                left = await self._store.job_claim_left(queue, self._quarantine_at)
+            except DatabaseUnavailable:
+                continue  # sleep the poll at most; a NOTIFY still wakes us
+            if left.more and jobs:
+                again = True
+            elif left.wait_ms is not None:
+                wait = min(wait, max(left.wait_ms / 1000, 0.0))
         return got, again, wait
 
     async def _sleep(self, seconds: float) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from deadman.model import Job
-from deadman.store import AsyncConn, Claimed, ClaimParams, Finish, HeartbeatParams
+from deadman.store import AsyncConn, ClaimLeft, ClaimParams, Finish, HeartbeatParams
 
 
 class WorkerStore(Protocol):
@@ -16,7 +16,8 @@ class WorkerStore(Protocol):
     async def close(self) -> None: ...
 
     # producer
-    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> Claimed: ...
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]: ...
+    async def job_claim_left(self, queue: str, quarantine_at: int) -> ClaimLeft: ...
     async def job_claim_quarantined(
         self, p: ClaimParams, retry_s: float | None = None
     ) -> list[Job]: ...

@@ -30,7 +30,7 @@ def _queue(name: str, paused: bool, age: float | None = None, **counts: int) -> 
 
 def _claim(dsn: str, queue: str) -> int:
     params = ClaimParams(queue=queue, worker="w", limit=10, ttl_ms=60_000)
-    return len(with_store(dsn, lambda store: store.job_claim(params)).jobs)
+    return len(with_store(dsn, lambda store: store.job_claim(params)))
 
 
 def test_queues_list_counts_and_pause_stops_claims(db_dsn: str) -> None:

@@ -84,7 +84,7 @@ def _claim(dsn: str, queue: str = "default") -> list[int]:
     jobs = with_store(
         dsn, lambda s: s.job_claim(ClaimParams(queue=queue, worker="w", limit=10, ttl_ms=30_000))
     )
-    return [j.id for j in jobs.jobs]
+    return [j.id for j in jobs]
 
 
 async def _retry(store: AsyncStore, job_id: int) -> Job | None:

@@ -34,17 +34,11 @@ def client(db_dsn: str) -> Iterator[Client]:
             conn.execute("DELETE FROM deadman.jobs WHERE limit_key IS NOT NULL")
 
 
-def _claim_rows(conn: psycopg.Connection[Any], queue: str, limit: int) -> list[Any]:
-    """job_claim's rows: one per job taken, or one whose job columns are NULL."""
-    return list(
-        conn.execute(
-            QUERIES["job_claim"], claim_params(ClaimParams(queue, "w-test", limit, 60_000))
-        ).fetchall()
-    )
-
-
 def claim(conn: psycopg.Connection[Any], queue: str = "lim", limit: int = 10) -> list[Any]:
-    return [r for r in _claim_rows(conn, queue, limit) if r["id"] is not None]
+    rows = conn.execute(
+        QUERIES["job_claim"], claim_params(ClaimParams(queue, "w-test", limit, 60_000))
+    ).fetchall()
+    return list(rows)
 
 
 def keys_of(rows: list[Any]) -> list[str | None]:
@@ -237,31 +231,30 @@ def test_rate_bounds_starts_in_the_window(db_dsn: str, client: Client) -> None:
         assert client.limit("r").available == 0  # type: ignore[union-attr]
 
 
-def _idle_wait_s(conn: psycopg.Connection[Any]) -> float | None:
-    """A claim that takes nothing: its wait (job_claim), in seconds."""
-    (row,) = _claim_rows(conn, "lim", 10)
-    assert row["id"] is None, "the claim took a job"
-    return None if row["wait"] is None else float(row["wait"].total_seconds())
+def _left(conn: psycopg.Connection[Any]) -> tuple[bool, float | None]:
+    """What a claim left in the queue (job_claim_left): more, and the wait in seconds."""
+    row = conn.execute(QUERIES["job_claim_left"], {"queue": "lim", "quarantine_at": 5}).fetchone()
+    assert row is not None
+    return bool(row["more"]), None if row["wait"] is None else row["wait"].total_seconds()
 
 
 def test_an_idle_producer_wakes_when_a_rate_token_frees(db_dsn: str, client: Client) -> None:
-    """job_claim's wait: at the oldest start of the window + per_ms; not for a key held
-    by its concurrency (a finish frees that), nor for a key with nothing due."""
+    """job_claim_left's wait: at the oldest start of the window + per_ms; not for a key
+    held by its concurrency (a finish frees that), nor for a key with nothing due."""
     client.set_limit("r", rate=(2, timedelta(seconds=30)))
     for _ in range(3):
         client.enqueue("t", queue="lim", limit_key="r")
     with connect(db_dsn) as conn:
-        rows = _claim_rows(conn, "lim", 10)
-        # two taken; the third is due and held back by the rate: 'more', so no wait
-        assert len(rows) == 2 and all(r["more"] for r in rows)
-        assert all(r["wait"] is None for r in rows)
-        wait = _idle_wait_s(conn)
+        assert _left(conn) == (True, None)  # due, no start logged yet: nothing to wait for
+        assert len(claim(conn)) == 2 and claim(conn) == []
+        more, wait = _left(conn)
+        assert more  # the third is due, held back by its rate: a claim takes nothing
         assert wait is not None and 29 < wait <= 30  # the first start leaves the window
         client.set_limit("r", concurrency=2, rate=(2, timedelta(seconds=30)))
-        assert _idle_wait_s(conn) is None  # at its concurrency: a finish, not a token
+        assert _left(conn)[1] is None  # at its concurrency: a finish, not a token
         conn.execute("DELETE FROM deadman.jobs WHERE limit_key = 'r' AND state = 'queued'")
         client.set_limit("r", rate=(2, timedelta(seconds=30)))
-        assert _idle_wait_s(conn) is None  # nothing due behind the limit
+        assert _left(conn) == (False, None)  # nothing due behind the limit
 
 
 def test_keys_take_turns_within_a_priority(db_dsn: str, client: Client) -> None:

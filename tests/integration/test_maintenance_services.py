@@ -15,7 +15,8 @@ from structlog.testing import capture_logs
 
 from deadman.config import Settings
 from deadman.maintenance import Cleaner, Expirer, Rescuer, RescueReport, Service
-from deadman.store import AsyncStore, Claimed, ClaimParams, HeartbeatParams
+from deadman.model import Job
+from deadman.store import AsyncStore, ClaimParams, HeartbeatParams
 from deadman.store.maintenance import RESCUER_KEY
 from deadman.worker.process import Worker
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
@@ -203,7 +204,7 @@ def test_a_worker_runs_on_the_store_and_services_it_is_given(db_dsn: str) -> Non
             super().__init__(*args, **kwargs)
             self.calls: list[str] = []
 
-        async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> Claimed:
+        async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
             self.calls.append("job_claim")
             return await super().job_claim(p, retry_s)
 

@@ -15,7 +15,7 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.model import AttemptOutcome, Job, JobState
-from deadman.store import AsyncStore, Claimed, ClaimParams, Finish
+from deadman.store import AsyncStore, ClaimParams, Finish
 from deadman.worker.completer import Completer
 from tests.factories import connect, run_async
 from tests.helpers import wait_for
@@ -45,7 +45,7 @@ class WatchedStore(AsyncStore):
         finally:
             self.running -= 1
 
-    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> Claimed:
+    async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
         self.claim_limits.append(p.limit)
         return await super().job_claim(p, retry_s)
 

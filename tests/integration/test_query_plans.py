@@ -178,6 +178,49 @@ def test_a_worker_session_keeps_index_plans_made_while_the_table_was_empty(
             assert seq_scans_on_jobs(plan) == [], (name, plan)
 
 
+#: The indexes that hold only jobs a claim could take: a look through any other (the
+#: listing indexes hold every finished job) grows with the history.
+CLAIM_INDEXES = {"jobs_claim_idx", "jobs_claim_keyed_idx"}
+
+
+def _jobs_indexes(nodes: list[dict[str, Any]]) -> set[str]:
+    return {
+        n["Index Name"] for n in nodes if n.get("Relation Name") == "jobs" and "Index Name" in n
+    }
+
+
+LEFT = {"queue": "default", "quarantine_at": 5}
+
+
+@pytest.mark.parametrize("statistics", ["never analyzed", "analyzed empty"])
+def test_what_a_claim_left_is_read_through_the_claim_indexes(db_dsn: str, statistics: str) -> None:
+    """After every claim that is not full (at low load, every claim: DECISIONS 66) the
+    producer asks what it left. Unordered, those looks' generic plan on a new table
+    read jobs_list_queue_idx and walked every finished job of the queue at each idle
+    cycle (982 tuples per job, bench.low_load)."""
+    with connect(db_dsn) as admin, connect(generic_plans(db_dsn)) as worker:
+        admin.execute("ALTER TABLE deadman.jobs SET (autovacuum_enabled = false)")
+        if statistics == "analyzed empty":
+            admin.execute("ANALYZE deadman.jobs")
+        else:
+            row = admin.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = 'deadman.jobs'::regclass"
+            ).fetchone()
+            assert row is not None and row["reltuples"] < 0  # never analyzed indeed
+        _prepare(worker, "probe_left", "job_claim_left")
+        plan = _explain_prepared(worker, "probe_left", "job_claim_left", LEFT)
+    assert _jobs_indexes(plan) == CLAIM_INDEXES, plan
+    assert seq_scans_on_jobs(plan) == [], plan
+
+
+def test_what_a_busy_queues_claim_left_is_read_through_the_claim_indexes(
+    seeded_dsn: str,
+) -> None:
+    plan = _generic_plan(seeded_dsn, "job_claim_left", LEFT)
+    assert _jobs_indexes(plan) == CLAIM_INDEXES, plan
+    assert seq_scans_on_jobs(plan) == [], plan
+
+
 def test_batched_writes_use_the_primary_key_when_statistics_say_nothing_runs(
     db_dsn: str,
 ) -> None:

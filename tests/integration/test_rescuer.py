@@ -148,7 +148,7 @@ def test_quarantined_jobs_are_claimed_only_alone(db_dsn: str) -> None:
         await store.open()
         try:
             p = ClaimParams(queue="default", worker="w", limit=10, ttl_ms=5000, quarantine_at=2)
-            batch = (await store.job_claim(p)).jobs
+            batch = await store.job_claim(p)
             alone = await store.job_claim_quarantined(p)
             return [j.id for j in batch], [j.id for j in alone]
         finally:

@@ -17,7 +17,7 @@ from deadman.errors import IllegalTransition, InvalidJob
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import (
     AsyncStore,
-    Claimed,
+    ClaimLeft,
     ClaimParams,
     Finish,
     HeartbeatParams,
@@ -46,7 +46,7 @@ def claim(
     return with_store(
         dsn,
         lambda s: s.job_claim(ClaimParams(queue=queue, worker=worker, limit=limit, ttl_ms=ttl_ms)),
-    ).jobs
+    )
 
 
 def finish(dsn: str, *finishes: Finish) -> set[int]:
@@ -215,11 +215,9 @@ def test_two_concurrent_claimers_take_disjoint_sets(db_dsn: str) -> None:
     async def claimer(store: AsyncStore, worker: str) -> list[int]:
         got: list[int] = []
         while True:
-            jobs = (
-                await store.job_claim(
-                    ClaimParams(queue="default", worker=worker, limit=7, ttl_ms=TTL_MS)
-                )
-            ).jobs
+            jobs = await store.job_claim(
+                ClaimParams(queue="default", worker=worker, limit=7, ttl_ms=TTL_MS)
+            )
             if not jobs:
                 return got
             got.extend(j.id for j in jobs)
@@ -243,53 +241,48 @@ def test_two_concurrent_claimers_take_disjoint_sets(db_dsn: str) -> None:
     assert {r["lease_worker"]: r["n"] for r in rows} == expected
 
 
-def _claimed(dsn: str, limit: int = 10) -> Claimed:
-    return with_store(
-        dsn, lambda s: s.job_claim(ClaimParams("default", "w1", limit=limit, ttl_ms=TTL_MS))
-    )
+def _left(dsn: str) -> ClaimLeft:
+    return with_store(dsn, lambda s: s.job_claim_left("default", 5))
 
 
-def test_a_claim_says_whether_to_claim_again_or_how_long_to_sleep(db_dsn: str) -> None:
-    """DECISIONS 66: the claim answers what the producer's next round trip was for."""
-    empty = _claimed(db_dsn)
-    assert (empty.jobs, empty.again, empty.wait_ms) == ([], False, None)
+def test_what_a_claim_left_says_whether_to_claim_again_or_how_long_to_sleep(
+    db_dsn: str,
+) -> None:
+    """DECISIONS 66: one look after a claim that was not full, instead of the empty
+    claim and the next-run-at query that used to follow it."""
+    assert _left(db_dsn) == ClaimLeft(more=False, wait_ms=None)
     with connect(db_dsn) as conn:
         for _ in range(3):
             insert_job(conn, run_in_s=-5)
-    full = _claimed(db_dsn, limit=2)
-    assert len(full.jobs) == 2 and full.again and full.wait_ms is None
-    short = _claimed(db_dsn, limit=2)  # the last one: nothing due is left
-    assert len(short.jobs) == 1 and not short.again and short.wait_ms is None
+        insert_job(conn, rescues=5, run_in_s=-5)  # quarantined: only claimed alone
+    assert _left(db_dsn).more
+    assert len(claim(db_dsn, limit=2)) == 2 and _left(db_dsn).more
+    assert len(claim(db_dsn, limit=2)) == 1 and _left(db_dsn) == ClaimLeft(False, None)
     with connect(db_dsn) as conn:
         insert_job(conn, state="scheduled", run_in_s=60)
         insert_job(conn, state="retrying", run_in_s=30)
-    idle = _claimed(db_dsn)
-    assert idle.jobs == [] and not idle.again
+    left = _left(db_dsn)
+    assert not left.more  # neither is due
     # the retrying job, not the scheduled one
-    assert idle.wait_ms is not None and 15_000 < idle.wait_ms <= 30_000
-    with connect(db_dsn) as conn:
-        insert_job(conn, run_in_s=-1)
-    short = _claimed(db_dsn)  # short, but the scheduled jobs are next: it says when
-    assert len(short.jobs) == 1 and not short.again
-    assert short.wait_ms is not None and 15_000 < short.wait_ms <= 30_000
+    assert left.wait_ms is not None and 15_000 < left.wait_ms <= 30_000
 
 
-def test_a_short_claim_that_stepped_over_a_held_job_claims_again(db_dsn: str) -> None:
-    """SKIP LOCKED stepped over a due job another transaction holds: the claim is short
-    but says 'again', as the producer's old extra claim would have found out."""
+def test_a_due_job_another_transaction_holds_is_left_for_the_next_claim(db_dsn: str) -> None:
+    """SKIP LOCKED stepped over a due job another transaction holds: the claim is short,
+    and what it left says 'more', as the producer's old extra claim would have found."""
     with connect(db_dsn) as conn:
         held = insert_job(conn, run_in_s=-5).id
         free = insert_job(conn, run_in_s=-4).id
     holder = connect(db_dsn, autocommit=False)
     try:
         holder.execute("SELECT 1 FROM deadman.jobs WHERE id = %s FOR UPDATE", (held,))
-        short = _claimed(db_dsn)
-        assert [j.id for j in short.jobs] == [free] and short.again
-        assert _claimed(db_dsn).jobs == []  # still held: stepped over again
+        assert [j.id for j in claim(db_dsn)] == [free]
+        assert _left(db_dsn).more
     finally:
         holder.rollback()
         holder.close()
-    assert [j.id for j in _claimed(db_dsn).jobs] == [held]
+    assert [j.id for j in claim(db_dsn)] == [held]
+    assert not _left(db_dsn).more
 
 
 # -------------------------------------------------------------------------- finish

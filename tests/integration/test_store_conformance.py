@@ -228,7 +228,7 @@ def test_the_fenced_completion_in_the_handlers_transaction(side: Sync | Async, d
 
     async def claim() -> Job:
         async with async_store(db_dsn) as store:
-            [job] = (await store.job_claim(ClaimParams("default", "w", 1, 60_000))).jobs
+            [job] = await store.job_claim(ClaimParams("default", "w", 1, 60_000))
             return job
 
     job = run_async(claim)

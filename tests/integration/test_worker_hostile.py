@@ -418,11 +418,9 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
                     threads=threads,
                 )
                 sent = time.monotonic()
-                (job,) = (
-                    await store.job_claim(
-                        ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
-                    )
-                ).jobs
+                (job,) = await store.job_claim(
+                    ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
+                )
                 executor.start(job, sent)
                 await wait_for_async(
                     lambda: (held := inflight.get(job_id)) is not None and held.thread is not None,
@@ -534,7 +532,7 @@ def test_an_unreadable_row_does_not_cost_its_batch_mates_their_claim(db_dsn: str
         async def claim() -> list[int]:
             async with async_store(db_dsn) as store:
                 p = ClaimParams(queue="default", worker="w", limit=2, ttl_ms=60_000)
-                return [j.id for j in (await store.job_claim(p)).jobs]
+                return [j.id for j in await store.job_claim(p)]
 
         assert run_async(claim) == [good]
         assert job_row(conn, bad)["state"] == "dead"
@@ -555,11 +553,9 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
     async def main() -> list[str]:
         messages: list[str] = []
         async with async_store(db_dsn) as worker_store:
-            jobs = (
-                await worker_store.job_claim(
-                    ClaimParams(queue="default", worker="w1", limit=2, ttl_ms=60_000)
-                )
-            ).jobs
+            jobs = await worker_store.job_claim(
+                ClaimParams(queue="default", worker="w1", limit=2, ttl_ms=60_000)
+            )
             handler_pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
                 db_dsn, min_size=0, max_size=1, timeout=0.2, open=False
             )
