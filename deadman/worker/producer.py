@@ -263,6 +263,11 @@ class Producer(WorkerLoop):
             for job in jobs:
                 self._executor.start(job, sent)
             got += len(jobs)
+            if jobs:
+                # Let the handlers take their first step before this loop builds and
+                # sends its next statement: at 50 jobs/s that preparation kept a
+                # claimed job from starting for 0.45 ms more (DECISIONS 67).
+                await asyncio.sleep(0)
             if len(jobs) >= free:
                 again = True
                 continue
