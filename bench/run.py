@@ -167,7 +167,7 @@ def guarded(what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 BULK_PATHS = {
-    "deadman": "Client.enqueue_many (COPY into a staging table, one INSERT ... SELECT)",
+    "deadman": "Client.enqueue_many (COPY straight into deadman.jobs under reserved ids)",
     "pgqueuer": "Queries.enqueue with lists (one UNNEST insert)",
     "procrastinate": "Task.batch_defer_async (one statement)",
 }

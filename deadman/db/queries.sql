@@ -73,6 +73,21 @@ FROM v
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
+-- name: job_ids_reserve
+-- Ids for a bulk enqueue that COPYs straight into the jobs table (job_copy_direct),
+-- taken in order from the table's own sequence (a shard's range, DECISIONS 54).
+SELECT nextval('deadman.jobs_id_seq') AS id FROM generate_series(1, %(n)s::integer);
+
+-- name: job_copy_direct
+-- A bulk enqueue in which no job has an idempotency key, a run_at or a delay (DECISIONS
+-- 68): COPY the rows into the jobs table with the ids job_ids_reserve gave. Every
+-- column left out takes the table's default: state 'queued', run_at and created_at
+-- now(), as job_insert_staged would have written them. The statement trigger
+-- (jobs_notify_inserted) fires for COPY as for INSERT: one NOTIFY per queue.
+COPY deadman.jobs (id, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
+                   start_by, deadline, heartbeat_timeout_ms, limit_key, trace_context)
+FROM STDIN;
+
 -- name: job_stage_prepare
 -- A per-session staging table for COPY-based bulk enqueue; emptied at commit.
 CREATE TEMP TABLE IF NOT EXISTS deadman_stage (

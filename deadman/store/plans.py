@@ -73,8 +73,10 @@ def _job_insert(job: NewJob, default_max_attempts: int) -> Steps[Job | None]:
 def job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Plan[list[int]]:
     """COPY the jobs into a staging table, then move them in one INSERT; the new ids in
     order (a job whose idempotency key is taken is skipped). One transaction (the
-    staging table empties at commit). A batch in which some job has ``depends_on`` is
-    inserted one job at a time instead, with its dependency locks."""
+    staging table empties at commit). A batch with no key, run_at or delay in it is
+    COPYed straight into the jobs table instead, under ids reserved first (DECISIONS
+    68). A batch in which some job has ``depends_on`` is inserted one job at a time,
+    with its dependency locks."""
     return Plan(lambda: _job_insert_many(jobs, default_max_attempts), atomic=True)
 
 
@@ -88,10 +90,47 @@ def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps
             if made is not None:
                 ids.append(made.id)
         return ids
+    if all(_copies_direct(j) for j in jobs):
+        ids = [int(r["id"]) for r in (yield Query("job_ids_reserve", {"n": len(jobs)}))]
+        yield Copy("job_copy_direct", _direct(ids, jobs, default_max_attempts))
+        return ids
     yield Query("job_stage_prepare", {})
     yield Query("job_stage_clear", {})
     yield Copy("job_stage_copy", _staged(jobs, default_max_attempts))
     return [int(r["id"]) for r in (yield Query("job_insert_staged", {}))]
+
+
+def _copies_direct(job: NewJob) -> bool:
+    """The job can be COPYed straight into the jobs table (DECISIONS 68): nothing in it
+    needs the server's clock (its run_at, its state) or ON CONFLICT (a key)."""
+    return job.idempotency_key is None and job.run_at is None and job.delay_ms == 0
+
+
+def _direct(
+    ids: Sequence[int], jobs: Sequence[NewJob], default_max_attempts: int
+) -> Iterator[tuple[Any, ...]]:
+    """job_copy_direct's rows, in job_stage_copy's encoding."""
+    for id_, job in zip(ids, jobs, strict=True):
+        yield (
+            id_,
+            job.type,
+            job.queue,
+            job.priority,
+            _json_text(job.payload),
+            job.max_attempts or default_max_attempts,
+            job.backoff.json_text,
+            job.timeout_ms,
+            job.start_by,
+            job.deadline,
+            job.heartbeat_timeout_ms,
+            job.limit_key,
+            None if job.trace_context is None else json.dumps(job.trace_context),
+        )
+
+
+def _json_text(value: Any) -> str:
+    """A jsonb column's text for text-format COPY (a payload of None is JSON null)."""
+    return "null" if value is None else json.dumps(value)
 
 
 def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple[Any, ...]]:
@@ -103,7 +142,7 @@ def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple
             job.type,
             job.queue,
             job.priority,
-            json.dumps(job.payload),
+            _json_text(job.payload),
             job.max_attempts or default_max_attempts,
             job.backoff.json_text,
             job.timeout_ms,

@@ -17,6 +17,7 @@ from deadman.config import Settings
 from deadman.db import pool as pool_module
 from deadman.errors import ConfigError, DuplicateKey, InvalidJob
 from deadman.model import Backoff, JobState
+from deadman.store import plans
 from tests.factories import connect, db_now, job_row
 from tests.helpers import wait_for
 
@@ -378,6 +379,103 @@ def test_enqueue_many_joins_a_fresh_callers_transaction(client: Client, db_dsn: 
 def test_enqueue_after_enqueue_many_with_the_same_request(client: Client) -> None:
     (job_id,) = client.enqueue_many([client.job("t", {"a": 1}, idempotency_key="k")])
     assert client.enqueue("t", {"a": 1}, idempotency_key="k").id == job_id
+
+
+#: what a row says beyond when and under which id it was written
+_STORED = (
+    "type, queue, priority, payload, state, attempt, max_attempts, backoff, timeout_ms,"
+    " idempotency_key, request_hash, start_by, deadline, heartbeat_timeout_ms, limit_key,"
+    " pending_deps, has_dependents, finished_at, trace_context, run_at <= created_at + '1 s'"
+    " AS due_at_once"
+)
+
+
+def _stored(db_dsn: str, ids: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    with connect(db_dsn) as conn:
+        for i in ids:
+            row = conn.execute(f"SELECT {_STORED} FROM deadman.jobs WHERE id = %s", (i,)).fetchone()
+            assert row is not None, f"job {i} is not stored"
+            rows.append(dict(row))
+    return rows
+
+
+def test_enqueue_many_copied_straight_in_stores_what_the_other_paths_store(
+    client: Client, db_dsn: str
+) -> None:
+    """A batch with no key, run_at or delay is COPYed into deadman.jobs under reserved
+    ids (DECISIONS 68); the same jobs enqueued one by one (job_insert), and in a batch
+    that takes the staging table (one keyed job in it), are the same rows."""
+    with connect(db_dsn) as conn:
+        now = db_now(conn)
+    options: list[dict[str, Any]] = [
+        {},
+        {"queue": "q.2", "priority": -7, "max_attempts": 9, "timeout": 2.5},
+        {
+            "backoff": Backoff(strategy="fixed", base_ms=500, max_ms=9000),
+            "heartbeat_timeout": 3,
+            "limit_key": "k:1",
+        },
+        {"start_by": now + timedelta(minutes=5), "deadline": now + timedelta(hours=1)},
+    ]
+    payloads: list[Any] = [None, {"n": 1, "s": "é\u2028"}, [1, 2.5, True, None], "text"]
+    jobs = [client.job("t.direct", p, **o) for p, o in zip(payloads, options, strict=True)]
+
+    direct = client.enqueue_many(jobs)
+    one_by_one = [
+        client.enqueue("t.direct", p, **o).id for p, o in zip(payloads, options, strict=True)
+    ]
+    staged = client.enqueue_many([*jobs, client.job("t.direct", idempotency_key="forces-staging")])
+
+    assert direct == sorted(direct) and len(set(direct)) == len(jobs)
+    expected = _stored(db_dsn, one_by_one)
+    assert _stored(db_dsn, direct) == expected
+    assert _stored(db_dsn, staged[: len(jobs)]) == expected
+    assert {r["state"] for r in expected} == {"queued"} and all(r["due_at_once"] for r in expected)
+
+
+def test_enqueue_many_takes_the_straight_copy_only_without_key_run_at_or_delay(
+    client: Client,
+) -> None:
+    """Which statements each kind of batch sends (the rows above would be the same
+    whichever path ran, so this pins that the direct path is the one taken)."""
+
+    def first_statements(jobs: list[Any]) -> list[str]:
+        steps = plans.job_insert_many(jobs, 5).steps()
+        names = [next(steps).name]
+        names.append(steps.send([{"id": i} for i in range(len(jobs))]).name)
+        return names
+
+    now = datetime.now(UTC)
+    assert first_statements([client.job("t"), client.job("t", limit_key="k")]) == [
+        "job_ids_reserve",
+        "job_copy_direct",
+    ]
+    for odd in ({"idempotency_key": "k"}, {"run_at": now}, {"delay": 1}):
+        assert first_statements([client.job("t"), client.job("t", **odd)]) == [
+            "job_stage_prepare",
+            "job_stage_clear",
+        ], odd
+
+
+def test_enqueue_many_copied_straight_in_wakes_each_queue(client: Client, db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN deadman_jobs")
+        client.enqueue_many([client.job("t", queue=q) for q in ("a", "b", "a", "c")])
+        heard = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=3))
+    assert heard == ["a", "b", "c"]
+
+
+def test_enqueue_many_copied_straight_in_stores_nothing_when_one_job_is_refused(
+    client: Client, db_dsn: str
+) -> None:
+    """Postgres refuses a payload (a NUL in a string) in the middle of the COPY: an
+    InvalidJob, and no job of the batch is stored."""
+    jobs = [client.job("t"), client.job("t", {"text": "nul\x00byte"}), client.job("t")]
+    with pytest.raises(InvalidJob):
+        client.enqueue_many(jobs)
+    assert _count(db_dsn) == 0
+    assert len(client.enqueue_many([client.job("t")])) == 1  # the connection is usable
 
 
 @pytest.mark.parametrize(

@@ -1041,7 +1041,8 @@ def test_a_cancel_cannot_be_left_on_a_job_waiting_in_line(db_dsn: str) -> None:
 
 
 _WRITES_JOBS = re.compile(
-    r"\b(UPDATE\s+deadman\.jobs|DELETE\s+FROM\s+deadman\.jobs|INSERT\s+INTO\s+deadman\.jobs)\b",
+    r"\b(UPDATE\s+deadman\.jobs|DELETE\s+FROM\s+deadman\.jobs|INSERT\s+INTO\s+deadman\.jobs"
+    r"|COPY\s+deadman\.jobs)\b",
     re.IGNORECASE,
 )
 #: statements that write deadman.jobs but cannot race an existing row: they create
@@ -1051,6 +1052,7 @@ _WRITES_JOBS = re.compile(
 NOT_RACING_AN_EXISTING_ROW = {
     "job_insert": "creates the row",
     "job_insert_staged": "creates the rows",
+    "job_copy_direct": "creates the rows (ids from job_ids_reserve)",
     "job_insert_many_returning": "creates the rows",
     "workflow_insert": "creates the rows",
 }
