@@ -111,51 +111,36 @@ def _direct(
 ) -> Iterator[tuple[Any, ...]]:
     """job_copy_direct's rows, in job_stage_copy's encoding."""
     for id_, job in zip(ids, jobs, strict=True):
-        yield (
-            id_,
-            job.type,
-            job.queue,
-            job.priority,
-            _json_text(job.payload),
-            job.max_attempts or default_max_attempts,
-            job.backoff.json_text,
-            job.timeout_ms,
-            job.start_by,
-            job.deadline,
-            job.heartbeat_timeout_ms,
-            job.limit_key,
-            None if job.trace_context is None else json.dumps(job.trace_context),
-        )
-
-
-def _json_text(value: Any) -> str:
-    """A jsonb column's text for text-format COPY (a payload of None is JSON null)."""
-    return "null" if value is None else json.dumps(value)
+        yield (id_, *_what(job, default_max_attempts), *_bounds(job))
 
 
 def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple[Any, ...]]:
     """job_stage_copy's rows: jsonb columns as JSON text (text-format COPY), the
     backoff's text made once per policy rather than once per row."""
     for i, job in enumerate(jobs):
-        yield (
-            i,
-            job.type,
-            job.queue,
-            job.priority,
-            _json_text(job.payload),
-            job.max_attempts or default_max_attempts,
-            job.backoff.json_text,
-            job.timeout_ms,
-            job.run_at,
-            job.delay_ms,
-            job.idempotency_key,
-            job.request_hash() if job.idempotency_key else None,
-            job.start_by,
-            job.deadline,
-            job.heartbeat_timeout_ms,
-            job.limit_key,
-            None if job.trace_context is None else json.dumps(job.trace_context),
-        )
+        key = job.idempotency_key
+        when = (job.run_at, job.delay_ms, key, job.request_hash() if key else None)
+        yield (i, *_what(job, default_max_attempts), *when, *_bounds(job))
+
+
+def _what(job: NewJob, default_max_attempts: int) -> tuple[Any, ...]:
+    """type, queue, priority, payload, max_attempts, backoff, timeout_ms, as COPY text."""
+    payload = "null" if job.payload is None else json.dumps(job.payload)
+    return (
+        job.type,
+        job.queue,
+        job.priority,
+        payload,
+        job.max_attempts or default_max_attempts,
+        job.backoff.json_text,
+        job.timeout_ms,
+    )
+
+
+def _bounds(job: NewJob) -> tuple[Any, ...]:
+    """start_by, deadline, heartbeat_timeout_ms, limit_key, trace_context."""
+    trace = None if job.trace_context is None else json.dumps(job.trace_context)
+    return (job.start_by, job.deadline, job.heartbeat_timeout_ms, job.limit_key, trace)
 
 
 def job_get(job_id: int) -> Plan[Job | None]:
