@@ -31,6 +31,8 @@ class Actions:
     clock: DbClock
     rng: random.Random
     _paused: dict[str, float] = field(default_factory=dict, init=False)  # queue -> resume at
+    #: Jobs the bulk replays have requeued so far (the operator leans on them until one has).
+    replayed: int = field(default=0, init=False)
 
     async def _send(self, client: ApiClient, verb: str, path: str) -> tuple[int, Any]:
         """POST, and count the answer ("<verb> <status>"): (status, parsed body)."""
@@ -108,6 +110,7 @@ class Actions:
         if done is None:
             return
         lo, ids, hi = done
+        self.replayed += len(ids)
         for job_id in ids:
             self.journal.add("retry", True, "store-bulk", lo, hi, job_id=job_id, queue=queue)
 
