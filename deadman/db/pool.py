@@ -2,7 +2,8 @@
 the handlers', the Python client's. One set of options with one table of defaults, so
 the pools cannot drift apart in how they connect or how long they keep trying.
 
-Async pools give dict rows (what the store and handlers read); every pool's
+Async pools give dict rows (what the store and handlers read); json and jsonb are
+decoded by :mod:`deadman.db.jsoncodec` (orjson where it is exact); every pool's
 connections are in autocommit (a single statement commits in its own round trip;
 the multi-statement paths open their own transactions). ``reconnect_timeout``: how
 long psycopg_pool keeps trying to replace a broken connection before it gives the
@@ -27,6 +28,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from deadman.config import connection_settings
+from deadman.db import jsoncodec
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
 
@@ -73,6 +75,7 @@ def async_pool(
             "autocommit": True,
             "row_factory": dict_row,
             "prepare_threshold": prepare_threshold(prepare),
+            "context": jsoncodec.CONTEXT,
         },
         open=False,
         name=name,
@@ -87,7 +90,11 @@ def sync_pool(
     :func:`prepare_threshold`."""
     return ConnectionPool(
         dsn,
-        kwargs={"autocommit": True, "prepare_threshold": prepare_threshold(prepare)},
+        kwargs={
+            "autocommit": True,
+            "prepare_threshold": prepare_threshold(prepare),
+            "context": jsoncodec.CONTEXT,
+        },
         open=True,
         name=name,
         **(SYNC_DEFAULTS | options),

@@ -4,13 +4,13 @@ placeholders, so a field added to one is seen missing from the other."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from psycopg.rows import DictRow
 
+from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import (
@@ -99,7 +99,8 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
         for f in finishes
     ]
     return {
-        "batch": json.dumps(batch, ensure_ascii=False),
+        # results passed check_storable (no NaN or infinity): jsoncodec.dumps is exact
+        "batch": jsoncodec.dumps(batch),
         "ids": [f.id for f in finishes],
     }
 

@@ -20,6 +20,7 @@ from psycopg_pool import PoolTimeout
 from deadman.errors import DatabaseUnavailable, DeadmanError, LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import AsyncConn, Finish, SyncConn
+from deadman.worker.outcome import checked_result
 from deadman.worker.worker_store import WorkerStore
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class JobContext:
         sync_store: SyncStore,
         sync_pool: Callable[[], ConnectionPool[Any]],
         trusted_until: float,
+        max_result_bytes: int = 1024 * 1024,
     ) -> None:
         """``pool`` and ``sync_pool``: the handlers' own connections, never the pool
         the worker's heartbeat, claims and completions use (see process.py); the
@@ -58,6 +60,7 @@ class JobContext:
         #: how ``result`` becomes JSON when ctx.transaction() stores it: a typed task
         #: sets its return annotation's encoder, so a model may be assigned as it is
         self.encode_result: Callable[[Any], Any] | None = None
+        self._max_result_bytes = max_result_bytes
         self._store = store
         self._pool = pool
         self._sync_store = sync_store
@@ -139,12 +142,20 @@ class JobContext:
         return self._cancel_requested or self._lease_lost
 
     def _success(self) -> Finish:
+        """The completion ctx.transaction() writes. ``ctx.result`` is held to what a
+        returned result is (outcome.checked_result: JSON, storable, within
+        DEADMAN_MAX_PAYLOAD_BYTES); one that is not raises here, before anything is
+        written, and the whole transaction rolls back."""
+        value = self.result if self.encode_result is None else self.encode_result(self.result)
+        stored, _, problem = checked_result(value, self._max_result_bytes)
+        if problem is not None:
+            raise DeadmanError(f"ctx.result: {problem}")
         return Finish(
             self.job_id,
             self.lease_token,
             JobState.SUCCEEDED,
             AttemptOutcome.SUCCEEDED,
-            result=self.result if self.encode_result is None else self.encode_result(self.result),
+            result=stored,
         )
 
     def _claim_tx(self) -> None:

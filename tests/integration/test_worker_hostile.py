@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -38,7 +39,7 @@ from deadman.worker.listener import Listener
 from deadman.worker.producer import EMPTY_CLAIM_GAP_S
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
 from tests.helpers import wait_for, wait_for_async
-from tests.helpers.worker import EXPIRING, SETTINGS, running_worker, wait_terminal
+from tests.helpers.worker import EXPIRING, SETTINGS, effects, running_worker, wait_terminal
 
 handlers = Registry()
 
@@ -262,6 +263,92 @@ def test_an_unprintable_error_after_the_transaction_committed_keeps_the_success(
     assert rows["e.unprintable-after-commit"]["state"] == "succeeded"
     assert outcomes["e.unprintable-after-commit"] == ["succeeded"]
     assert code == 0
+
+
+#: what a handler sets as ctx.result inside ctx.transaction(): refused before the
+#: completion is written, so the effect written in the same transaction rolls back
+TX_RESULTS: dict[str, tuple[Callable[[], Any], str]] = {
+    "nan": (lambda: {"x": math.nan}, "result.x: number out of range"),
+    "surrogate": (lambda: [SURROGATE], "result[0]: contains \\u0000 or an unpaired surrogate"),
+    "set": (lambda: {1, 2}, "is not JSON serializable"),
+    "datetime": (lambda: datetime.now(UTC), "is not JSON serializable"),
+    "huge": (lambda: "x" * (2 * 1024 * 1024), "over the limit of 1048576 bytes"),
+    "deep": (lambda: nested(100), "nested deeper than 64 levels"),
+}
+
+
+def _setting_result(make: Callable[[], Any]) -> Any:
+    async def handler(job: Job, ctx: JobContext) -> None:
+        async with ctx.transaction() as conn:
+            await conn.execute(
+                QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+            )
+            ctx.result = make()
+
+    return handler
+
+
+for _name, (_make, _) in TX_RESULTS.items():
+    handlers.register(f"tx.{_name}", _setting_result(_make))
+
+
+def test_a_ctx_result_postgres_cannot_store_rolls_its_transaction_back(
+    db_dsn: str, client: Client
+) -> None:
+    """ctx.result is held to what a returned result is: a clear error on the attempt,
+    the effect of the same transaction gone, no success recorded."""
+    types = [f"tx.{name}" for name in TX_RESULTS]
+    rows, outcomes, code = run_all(db_dsn, client, types, {})
+    with connect(db_dsn) as conn:
+        for name, (_, why) in TX_RESULTS.items():
+            row = rows[f"tx.{name}"]
+            assert row["state"] == "dead", (name, row["last_error"])
+            assert outcomes[f"tx.{name}"] == ["failed"], name
+            assert row["result"] is None, name
+            assert "ctx.result: handler result" in row["last_error"], (name, row["last_error"])
+            assert why in row["last_error"], (name, row["last_error"])
+            assert effects(conn, row["id"]) == 0, name
+    assert code == 0
+
+
+@handlers.handler("r.echo")
+async def echo(job: Job, ctx: JobContext) -> Any:
+    return job.payload
+
+
+@handlers.handler("tx.echo")
+async def tx_echo(job: Job, ctx: JobContext) -> None:
+    async with ctx.transaction():
+        ctx.result = job.payload
+
+
+#: numbers orjson alone would read or write differently (deadman.db.jsoncodec)
+EXACT = {
+    "past_u64": 2**64,
+    "past_i64": -(2**63) - 1,
+    "huge": 10**40,
+    "u64_max": 2**64 - 1,
+    "long_mantissa": 0.30000000000000004,
+    "nested": [{"n": 2**70}, "12345678901234567890"],
+}
+
+
+def test_payloads_and_results_keep_every_number_exactly(db_dsn: str, client: Client) -> None:
+    """A payload read by the worker's claim and a result written by its batch (or by
+    ctx.transaction()) come back as the json module gives them: no integer turned
+    into a float past 64 bits."""
+    ids = {t: client.enqueue(t, EXACT, max_attempts=1).id for t in ("r.echo", "tx.echo")}
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        try:
+            wait_terminal(conn, list(ids.values()), timeout=15)
+        finally:
+            assert worker.stop(timeout=30) == 0
+        for t, i in ids.items():
+            row = job_row(conn, i)
+            assert row["state"] == "succeeded", (t, row["last_error"])
+            assert row["result"] == EXACT, t
+            assert isinstance(row["result"]["past_u64"], int), t
+    assert client.get(ids["r.echo"]).payload == EXACT  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------ the completer
