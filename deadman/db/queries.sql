@@ -552,7 +552,7 @@ SELECT pg_try_advisory_xact_lock(716341, %(key)s::int) AS leader,
 -- Poison pills: a job that kills (or stalls) every worker that runs it must not take
 -- the fleet down forever, but neither may the jobs that merely shared a worker with
 -- it. So a job goes to 'dead' only when rescues exceeds %(max_rescues)s AND it was
--- its worker's *only* job. Once rescues reaches %(quarantine_at)s a job is
+-- its worker's *only* job. Once rescues reaches quarantine_at (RescueParams) a job is
 -- quarantined (job_claim skips it; an idle worker claims it alone through
 -- job_claim_quarantined), so a true poison pill soon gets its solo run.
 -- SKIP LOCKED: a row being completed right now is left alone; that completion

@@ -40,7 +40,7 @@ def quarantine_at(max_rescues: int) -> int:
 
 
 def _rescue_args(p: RescueParams) -> dict[str, Any]:
-    return {"max_rescues": p.max_rescues, "quarantine_at": p.quarantine_at, "limit": p.limit}
+    return {"max_rescues": p.max_rescues, "limit": p.limit}
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ from deadman.db.queries import QUERIES, parse
 PACKAGE = Path(queries.__file__).resolve().parents[1]
 
 
-def test_parse_splits_on_names_and_keeps_comments_inside_a_query() -> None:
+def test_parse_splits_on_names_and_keeps_the_first_line_and_trailing_comments() -> None:
     text = """-- a file header that belongs to no query
 
 -- name: first
 -- what it is for
-SELECT 1;
+-- and why, which stays in the file
+SELECT 1  -- a trailing comment is kept
+  -- an indented one is not
+;
 
 -- name: second_one
 SELECT %(x)s
@@ -26,8 +29,18 @@ FROM t;
 """
     got = parse(text)
     assert list(got) == ["first", "second_one"]
-    assert got["first"] == "-- what it is for\nSELECT 1;"
+    assert got["first"] == "-- what it is for\nSELECT 1  -- a trailing comment is kept\n;"
     assert got["second_one"] == "SELECT %(x)s\nFROM t;"
+
+
+def test_every_query_fits_psycopg_s_parse_cache() -> None:
+    """psycopg caches its parse of a query up to 4,096 bytes (MAX_CACHED_STATEMENT_LENGTH
+    in psycopg._queries); a longer one is parsed again at every execute."""
+    from psycopg import _queries
+
+    assert _queries.MAX_CACHED_STATEMENT_LENGTH == 4096
+    for name, sql in QUERIES.items():
+        assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH, name
 
 
 def test_parse_of_a_file_without_names_is_empty() -> None:
