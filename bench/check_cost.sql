@@ -41,4 +41,48 @@ UPDATE deadman_check_cost.all_checks SET state = 'succeeded', finished_at = now(
     lease_token = NULL, lease_worker = NULL, lease_expires_at = NULL;
 UPDATE deadman_check_cost.row_checks SET state = 'succeeded', finished_at = now(),
     lease_token = NULL, lease_worker = NULL, lease_expires_at = NULL;
+-- Per statement (DECISIONS 70): Postgres also reads and plans every CHECK of the table
+-- afresh at each statement that writes a row (ExecRelCheck: the stored expression is
+-- parsed and planned once per statement, then run per row), so a statement that
+-- writes one row (a single enqueue, a claim or finish of one job, a heartbeat) pays
+-- the whole set each time. 20,000 one-row UPDATEs by primary key (20,000 rows, each
+-- once a round) in a PL/pgSQL loop, each its own statement, three rounds alternating;
+-- NOTICE: microseconds a statement.
+\echo one-row UPDATE statements: all checks, row checks only, no checks
+CREATE TABLE deadman_check_cost.no_checks (LIKE deadman.jobs INCLUDING DEFAULTS);
+INSERT INTO deadman_check_cost.no_checks SELECT * FROM deadman_check_cost.all_checks;
+ALTER TABLE deadman_check_cost.all_checks ADD PRIMARY KEY (id);
+ALTER TABLE deadman_check_cost.row_checks ADD PRIMARY KEY (id);
+ALTER TABLE deadman_check_cost.no_checks ADD PRIMARY KEY (id);
+VACUUM ANALYZE deadman_check_cost.all_checks, deadman_check_cost.row_checks,
+    deadman_check_cost.no_checks;
+DO $$
+DECLARE
+    t0 timestamptz;
+    round int;
+    i int;
+    n constant int := 20000;
+BEGIN
+    FOR round IN 1..3 LOOP
+        t0 := clock_timestamp();
+        FOR i IN 1..n LOOP
+            UPDATE deadman_check_cost.all_checks SET priority = priority WHERE id = i;
+        END LOOP;
+        RAISE NOTICE 'round %: all checks % us', round,
+            round(extract(epoch FROM clock_timestamp() - t0) * 1e6 / n, 1);
+        t0 := clock_timestamp();
+        FOR i IN 1..n LOOP
+            UPDATE deadman_check_cost.row_checks SET priority = priority WHERE id = i;
+        END LOOP;
+        RAISE NOTICE 'round %: row checks only % us', round,
+            round(extract(epoch FROM clock_timestamp() - t0) * 1e6 / n, 1);
+        t0 := clock_timestamp();
+        FOR i IN 1..n LOOP
+            UPDATE deadman_check_cost.no_checks SET priority = priority WHERE id = i;
+        END LOOP;
+        RAISE NOTICE 'round %: no checks % us', round,
+            round(extract(epoch FROM clock_timestamp() - t0) * 1e6 / n, 1);
+    END LOOP;
+END
+$$;
 DROP SCHEMA deadman_check_cost CASCADE;
