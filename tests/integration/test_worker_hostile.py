@@ -288,8 +288,20 @@ def _setting_result(make: Callable[[], Any]) -> Any:
     return handler
 
 
+def _setting_result_sync(make: Callable[[], Any]) -> Any:
+    def handler(job: Job, ctx: JobContext) -> None:
+        with ctx.transaction() as conn:
+            conn.execute(
+                QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+            )
+            ctx.result = make()
+
+    return handler
+
+
 for _name, (_make, _) in TX_RESULTS.items():
     handlers.register(f"tx.{_name}", _setting_result(_make))
+    handlers.register(f"tx.sync-{_name}", _setting_result_sync(_make))
 
 
 def test_a_ctx_result_postgres_cannot_store_rolls_its_transaction_back(
@@ -297,13 +309,15 @@ def test_a_ctx_result_postgres_cannot_store_rolls_its_transaction_back(
 ) -> None:
     """ctx.result is held to what a returned result is: a clear error on the attempt,
     the effect of the same transaction gone, no success recorded."""
-    types = [f"tx.{name}" for name in TX_RESULTS]
-    rows, outcomes, code = run_all(db_dsn, client, types, {})
+    cases = {
+        f"tx.{kind}{name}": why for kind in ("", "sync-") for name, (_, why) in TX_RESULTS.items()
+    }
+    rows, outcomes, code = run_all(db_dsn, client, list(cases), {})
     with connect(db_dsn) as conn:
-        for name, (_, why) in TX_RESULTS.items():
-            row = rows[f"tx.{name}"]
+        for name, why in cases.items():
+            row = rows[name]
             assert row["state"] == "dead", (name, row["last_error"])
-            assert outcomes[f"tx.{name}"] == ["failed"], name
+            assert outcomes[name] == ["failed"], name
             assert row["result"] is None, name
             assert "ctx.result: handler result" in row["last_error"], (name, row["last_error"])
             assert why in row["last_error"], (name, row["last_error"])
