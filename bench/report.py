@@ -907,8 +907,8 @@ SCALE_POINTS = {
 }
 
 
-def _last_av(j: dict[str, Any]) -> str:
-    age = j.get("last_autovacuum_age_s")
+def _last_av(j: dict[str, Any], key: str = "last_autovacuum_age_s") -> str:
+    age = j.get(key)
     return "" if age is None else f" ({age:,.0f})"
 
 
@@ -1093,10 +1093,11 @@ def _scale(data: dict[str, Any], w: Any) -> None:
     w("\nTable sizes when each point was measured (before its claims):\n")
     w(
         "| point | job states | jobs heap MiB | jobs indexes MiB | jobs_claim_idx MiB | "
-        "jobs live / dead tuples | jobs autovacuums (last, s before) | attempts heap / "
+        "jobs live / dead tuples | jobs autovacuums (last, s before) | jobs vacuums: the "
+        "workers' vacuumer and the point's own (last, s before) | attempts heap / "
         "indexes MiB |"
     )
-    w("|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|")
     for name, label in SCALE_POINTS.items():
         z = sc["points"][name]["sizes"]
         j, a = z.get("jobs", {}), z.get("attempts", {})
@@ -1106,6 +1107,7 @@ def _scale(data: dict[str, Any], w: Any) -> None:
             f"{_mib(j.get('index_bytes'))} | {_mib(z.get('jobs_claim_idx_bytes'))} | "
             f"{j.get('n_live_tup', 0):,} / {j.get('n_dead_tup', 0):,} | "
             f"{j.get('autovacuum_count', 0)}{_last_av(j)}{_av_after(sc['points'][name])} | "
+            f"{j.get('vacuum_count', 0)}{_last_av(j, 'last_vacuum_age_s')} | "
             f"{_mib(a.get('heap_bytes'))} / "
             f"{_mib(a.get('index_bytes'))} |"
         )

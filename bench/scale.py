@@ -22,9 +22,10 @@ Points, in order, on one fresh database:
   then ``VACUUM ANALYZE`` (what autovacuum does to a freshly loaded table within a
   minute or so; done here so the point does not depend on its timing).
 - ``completed``: the ``n`` queued jobs run by real ``deadman worker`` processes
-  (``--processes 2 --concurrency 200``, defaults otherwise, retention off the table by
-  the default 24 h), then the workers stopped and the point measured at once,
-  with whatever dead tuples autovacuum had not reclaimed yet.
+  (``--processes 2 --concurrency 200``, defaults otherwise, so their vacuumer runs:
+  DECISIONS 72; retention off the table by the default 24 h), then the workers
+  stopped and the point measured at once, with whatever dead tuples neither the
+  vacuumer nor autovacuum had reclaimed yet.
 - ``completed_vacuumed``: the same table after a manual ``VACUUM ANALYZE``.
 
 At each point: the table's and its indexes' sizes, live and dead tuples, and an
@@ -68,7 +69,8 @@ SELECT c.relname::text AS rel,
        pg_relation_size(c.oid) AS heap_bytes,
        pg_indexes_size(c.oid) AS index_bytes,
        s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.vacuum_count,
-       extract(epoch FROM now() - s.last_autovacuum)::float8 AS last_autovacuum_age_s
+       extract(epoch FROM now() - s.last_autovacuum)::float8 AS last_autovacuum_age_s,
+       extract(epoch FROM now() - s.last_vacuum)::float8 AS last_vacuum_age_s
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid IN ('deadman.jobs'::regclass, 'deadman.attempts'::regclass)
 """
@@ -78,9 +80,10 @@ def sizes(dsn: str) -> dict[str, Any]:
     """Sizes and tuple counts of deadman.jobs and deadman.attempts, and job states."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         out: dict[str, Any] = {}
-        for rel, heap, idx, live, dead, av, vac, av_age in conn.execute(SIZES).fetchall():
+        for rel, heap, idx, live, dead, av, vac, av_age, v_age in conn.execute(SIZES).fetchall():
             out[rel] = {
                 "last_autovacuum_age_s": None if av_age is None else round(av_age, 1),
+                "last_vacuum_age_s": None if v_age is None else round(v_age, 1),
                 "heap_bytes": int(heap),
                 "index_bytes": int(idx),
                 "n_live_tup": int(live),
@@ -411,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['explain']['shared_buffers_median']} pages; dead {jobs.get('n_dead_tup')}, "
             f"autovacuums {jobs.get('autovacuum_count')} (after the claims "
             f"{p['sizes_after'].get('jobs', {}).get('autovacuum_count')}), last "
-            f"{jobs.get('last_autovacuum_age_s')} s before; claims over the control's p99 "
+            f"{jobs.get('last_autovacuum_age_s')} s before; vacuums (the workers' vacuumer, "
+            f"and the point's own) {jobs.get('vacuum_count')}, last "
+            f"{jobs.get('last_vacuum_age_s')} s before; claims over the control's p99 "
             f"{p['vacuum']['over_control_p99']}, with a vacuum running "
             f"{p['vacuum']['over_control_p99_with_vacuum_running']} (of all claims "
             f"{p['vacuum']['claims_with_vacuum_running']})"

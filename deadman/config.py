@@ -51,6 +51,9 @@ class Settings:
     max_queue_depth: int | None = None
     retention_succeeded_s: float = 24 * 3600.0
     retention_failed_s: float = 7 * 24 * 3600.0
+    #: The vacuumer's trigger: dead versions in deadman.jobs (DECISIONS 72); 0: off,
+    #: autovacuum alone keeps the table.
+    vacuum_dead_tuples: int = 10_000
     completer_batch: int = 500
     completer_flushes: int = 2  # completion batches written at once (connections)
     claim_batch: int = 0  # most jobs one claim takes; 0: half the slots (at least 1)
@@ -106,6 +109,7 @@ class Settings:
             _range(self.max_queue_depth, 1, 10**12, "DEADMAN_MAX_QUEUE_DEPTH")
         _range(self.retention_succeeded_s, 0, TEN_YEARS_S, "DEADMAN_RETENTION_SUCCEEDED_S")
         _range(self.retention_failed_s, 0, TEN_YEARS_S, "DEADMAN_RETENTION_FAILED_S")
+        _range(self.vacuum_dead_tuples, 0, 10**12, "DEADMAN_VACUUM_DEAD_TUPLES")
         for q in self.queues:
             _require(
                 bool(QUEUE_RE.fullmatch(q)),
@@ -297,6 +301,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "max_queue_depth": _opt_int,
     "retention_succeeded_s": _float,
     "retention_failed_s": _float,
+    "vacuum_dead_tuples": _int,
     "completer_batch": _int,
     "completer_flushes": _int,
     "claim_batch": _int,

@@ -24,6 +24,7 @@ JOBS_RESCUED = Counter(
     "deadman_jobs_rescued", "Expired leases handed back by this process's rescuer", ["to"]
 )
 JOBS_PRUNED = Counter("deadman_jobs_pruned", "Finished jobs deleted by retention")
+JOBS_VACUUMS = Counter("deadman_jobs_vacuums", "VACUUMs of deadman.jobs run by this process")
 START_LATENCY = Histogram(
     "deadman_job_start_latency_seconds",
     "From run_at (or enqueue) to handler start",

@@ -639,6 +639,34 @@ FROM locked l
 WHERE j.id = l.id
 RETURNING j.id, j.state, j.queue;
 
+-- name: jobs_vacuum_due
+-- The vacuumer's look (deadman/maintenance/vacuumer.py), statistics only, no lock:
+-- deadman.jobs's dead versions, the seconds since a vacuum (ours or autovacuum's)
+-- last ended (NULL: never), whether one is under way, and whether this role may
+-- vacuum the table at all (the table's or the database's owner, or a member of
+-- either: a VACUUM by anyone else only warns and does nothing).
+SELECT s.n_dead_tup::bigint AS dead_tuples,
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8
+           AS since_vacuum_s,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_stat_progress_vacuum p WHERE p.relid = s.relid)
+           AS running,
+       (pg_catalog.pg_has_role(c.relowner, 'USAGE')
+        OR pg_catalog.pg_has_role(d.datdba, 'USAGE')) AS may_vacuum
+FROM pg_catalog.pg_stat_user_tables s
+JOIN pg_catalog.pg_class c ON c.oid = s.relid
+JOIN pg_catalog.pg_database d ON d.datname = current_database()
+WHERE s.relid = 'deadman.jobs'::regclass;
+
+-- name: jobs_vacuum
+-- Vacuum the hot table (deadman/maintenance/vacuumer.py, DECISIONS 72), in autocommit
+-- on a connection of its own (VACUUM cannot run in a transaction). SKIP_LOCKED: when
+-- another vacuum holds the table, this one returns at once with a warning instead of
+-- queueing behind it. INDEX_CLEANUP ON: the point is the claim index's dead entries,
+-- which the default (AUTO) leaves in place when few heap pages hold dead items.
+-- TRUNCATE false: truncating the file's empty tail would take an ACCESS EXCLUSIVE
+-- lock, which every claim would wait on. PARALLEL 0: no extra worker processes.
+VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false, PARALLEL 0) deadman.jobs;
+
 -- name: job_prune_finished
 -- Retention: delete finished jobs older than their state's retention, in batches.
 -- The victims are locked first, SKIP LOCKED: a row an operator is retrying or

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, LiteralString
+from typing import Any, Literal, LiteralString
 
+import psycopg
 from psycopg.rows import DictRow
 
 from deadman.db.queries import QUERIES
@@ -82,6 +83,36 @@ class Rescued:
         )
 
 
+@dataclass(frozen=True)
+class VacuumLook:
+    """What the vacuumer reads before it vacuums (query jobs_vacuum_due)."""
+
+    dead_tuples: int
+    #: since a vacuum of deadman.jobs (ours or autovacuum's) last ended; None: never
+    since_vacuum_s: float | None
+    #: a vacuum of the table is under way (visible to this role)
+    running: bool
+    #: this role owns the table or the database (or is a member of its owner)
+    may_vacuum: bool
+
+    @classmethod
+    def from_row(cls, r: DictRow) -> VacuumLook:
+        since = r["since_vacuum_s"]
+        return cls(
+            int(r["dead_tuples"]),
+            None if since is None else float(since),
+            bool(r["running"]),
+            bool(r["may_vacuum"]),
+        )
+
+
+#: What one VACUUM did: ran; skipped, another vacuum held the table (SKIP_LOCKED);
+#: skipped, this role may not vacuum it.
+VacuumOutcome = Literal["vacuumed", "locked", "refused"]
+#: SQLSTATE of VACUUM's "skipping vacuum of ... lock not available" warning
+LOCK_NOT_AVAILABLE = "55P03"
+
+
 class Cleaning:
     """The cleaner's statements, on whatever runs them: a leader's transaction
     (MaintenanceTx) or the pool, in autocommit and retried (MaintenanceStore)."""
@@ -145,3 +176,33 @@ class MaintenanceStore(AsyncBase, Cleaning):
 
     # Without leadership (Cleaning's statements): one statement each in autocommit,
     # retried like any other (AsyncBase._all).
+
+    async def jobs_vacuum_look(self) -> VacuumLook:
+        rows = await self._all("jobs_vacuum_due", {})
+        return VacuumLook.from_row(rows[0])
+
+    async def jobs_vacuum(self) -> VacuumOutcome:
+        """VACUUM deadman.jobs (query jobs_vacuum) on a connection of its own, made for
+        it and closed after: a vacuum of a large table takes seconds, and a pooled
+        connection held that long is one the heartbeat or the completer waits for.
+        Not retried (the next tick is the retry). Cancelling the awaiting task cancels
+        the VACUUM on the server (psycopg sends the cancel request)."""
+        warnings: list[str] = []
+
+        def heard(d: psycopg.errors.Diagnostic) -> None:
+            if d.severity_nonlocalized == "WARNING":
+                warnings.append(d.sqlstate or "")
+
+        conninfo = self.pool.conninfo
+        if callable(conninfo):  # a pool made with a conninfo function
+            made = conninfo()
+            conninfo = made if isinstance(made, str) else await made
+        with translate():
+            async with await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, prepare_threshold=None
+            ) as conn:
+                conn.add_notice_handler(heard)
+                await conn.execute(QUERIES["jobs_vacuum"])
+        if LOCK_NOT_AVAILABLE in warnings:
+            return "locked"
+        return "refused" if warnings else "vacuumed"

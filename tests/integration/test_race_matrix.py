@@ -1040,6 +1040,9 @@ def test_a_cancel_cannot_be_left_on_a_job_waiting_in_line(db_dsn: str) -> None:
             )
 
 
+#: (VACUUM of deadman.jobs, the query jobs_vacuum, is not a writer here: it changes
+#: no job's state and locks no row; tests/integration/test_vacuumer.py runs claims and
+#: finishes beside back-to-back vacuums and checks each job ran exactly once.)
 _WRITES_JOBS = re.compile(
     r"\b(UPDATE\s+deadman\.jobs|DELETE\s+FROM\s+deadman\.jobs|INSERT\s+INTO\s+deadman\.jobs"
     r"|COPY\s+deadman\.jobs)\b",
