@@ -338,7 +338,10 @@ def _burn(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path) -
             "\nWhat-if (not a default, not counted against the targets): the best Deadman "
             "setting again, with the worker's own transactions (claim, finish, heartbeat) "
             "committing asynchronously (`synchronous_commit=off` on the worker's DSN only; "
-            "submissions stay synchronous).\n"
+            "submissions stay synchronous). Not the default: after a crash the lease token "
+            "sequence would hand out again tokens that lost claims had given to running "
+            "handlers (DECISIONS.md, 'Not adopted: the worker's own transactions committing "
+            "asynchronously').\n"
         )
         w(
             "| P | C | jobs/s (median) | reps | CPU cores: workers / Postgres / others | "
