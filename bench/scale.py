@@ -3,7 +3,8 @@
 One claim round trip is what a worker's producer sends (``AsyncStore.job_claim``,
 the store call ``Producer._claim_round`` makes, no retries, on a session with the
 worker's options: generic plans, no JIT, ``deadman.db.plans``) with the default batch
-size (the default concurrency, 100), timed on the client with ``perf_counter``:
+size (``Settings().claim_size``: half the default 200 slots, 100), timed on the
+client with ``perf_counter``:
 query, network and building the ``Job`` objects. Each sample is one cycle, only
 the claim timed: enqueue ``batch`` no-op jobs (``Client.enqueue_many``), claim
 ``batch`` (must return exactly that many), finish them (``job_finish_many``, must
@@ -288,7 +289,7 @@ def run(
 ) -> dict[str, Any]:
     """All four points; every loop is bounded in count and in time."""
     defaults = Settings()
-    batch = batch or defaults.concurrency
+    batch = batch or defaults.claim_size
     ttl_ms = int(defaults.lease_ttl_s * 1000)
     cap = 60.0 + samples * 0.4  # per point, both databases: ~20 ms a cycle pair is normal
     dm.truncate(dsn)

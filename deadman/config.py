@@ -41,7 +41,7 @@ class Settings:
     heartbeat_s: float = 2.0
     rescue_s: float = 1.0
     poll_s: float = 1.0
-    concurrency: int = 100  # DECISIONS 48: async handlers wait, slots are cheap
+    concurrency: int = 200  # DECISIONS 48, 73: async handlers wait, slots are cheap
     queues: tuple[str, ...] = ("default",)
     max_attempts: int = 5
     max_rescues: int = 5
@@ -77,6 +77,15 @@ class Settings:
     #: Where the listeners connect instead of the database URL (straight to Postgres,
     #: past the pooler); the same database. Unset: the database URL.
     listen_url: str | None = None
+
+    @property
+    def claim_size(self) -> int:
+        """Most jobs one claim takes: ``claim_batch``, or half the slots (at least 1).
+        Claiming all free slots at once makes a worker's jobs move in lockstep:
+        claimed together, written together, claimed again together, and the claim
+        never overlaps the write. Half the slots per claim keeps two cohorts out of
+        phase, so one is claimed and run while the other's outcomes are written."""
+        return self.claim_batch or max(1, (self.concurrency + 1) // 2)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -68,11 +68,7 @@ class Producer(WorkerLoop):
         # (claim nothing), and once we hold none we claim the suspect alone.
         self._suspects = False
         self._next_quarantine_check = 0.0
-        # Claiming all free slots at once makes a worker's jobs move in lockstep:
-        # claimed together, written together, claimed again together, and the claim
-        # never overlaps the write. Half the slots per claim keeps two cohorts out of
-        # phase, so one is claimed and run while the other's outcomes are written.
-        self._claim_max = settings.claim_batch or max(1, (settings.concurrency + 1) // 2)
+        self._claim_max = settings.claim_size  # half the slots: two cohorts out of phase
         self._ttl_ms = int(settings.lease_ttl_s * 1000)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()

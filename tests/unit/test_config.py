@@ -89,7 +89,7 @@ def test_overrides_win_over_the_environment_and_none_is_ignored() -> None:
 def test_with_returns_a_new_validated_copy() -> None:
     s = Settings()
     assert s.with_(concurrency=2).concurrency == 2
-    assert s.concurrency == 100
+    assert s.concurrency == 200
     with pytest.raises(ConfigError, match="DEADMAN_CONCURRENCY"):
         s.with_(concurrency=0)
 
