@@ -85,3 +85,10 @@ SELECT count(*) FILTER (WHERE outcome = 'lease_expired') AS rescues,
        (SELECT count(*) FROM (SELECT job_id FROM deadman.attempts WHERE outcome = 'succeeded'
                               GROUP BY job_id HAVING count(*) > 1) AS s) AS succeeded_twice
 FROM deadman.attempts;
+
+-- name: vacuums
+-- How often deadman.jobs was vacuumed during the run: by the workers' vacuumer
+-- (DECISIONS 72; the count covers manual vacuums, and a run makes no other) and by
+-- autovacuum. A figure, not a check: the server's statistics, reset with the cluster.
+SELECT vacuum_count AS vacuumer, autovacuum_count AS autovacuum
+FROM pg_stat_user_tables WHERE relid = 'deadman.jobs'::regclass;
