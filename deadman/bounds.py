@@ -16,9 +16,29 @@ KEY_RULE = "must be 1-255 characters, without control characters"
 #: a workflow's name: free text, without control characters
 WORKFLOW_NAME_PATTERN = "^[^\\u0000-\\u001f\\u007f]{1,128}$"
 WORKFLOW_NAME_RULE = "must be 1-128 characters, without control characters"
-#: ids as this API writes them: 1..bigint in ASCII digits, no leading zero
-ID_PATTERN = "^[1-9][0-9]{0,18}$"
 MAX_BIGINT = 2**63 - 1
+
+
+def decimal_pattern(limit: int) -> str:
+    """A regular expression (JSON Schema's dialect and Python's alike) that matches
+    exactly the decimals 1..limit written without a leading zero. Spelled out digit by
+    digit, so that what the OpenAPI document allows is what the server accepts: with
+    a plain ``[1-9][0-9]{0,18}``, a schema-valid id past bigint was refused."""
+    top = str(limit)
+    width = len(top)
+    alternatives = [f"[1-9][0-9]{{0,{width - 2}}}"] if width > 1 else []
+    for at, digit in enumerate(top):
+        lowest = 1 if at == 0 else 0
+        if int(digit) > lowest:
+            rest = width - at - 1
+            tail = f"[0-9]{{{rest}}}" if rest else ""
+            alternatives.append(f"{top[:at]}[{lowest}-{int(digit) - 1}]{tail}")
+    alternatives.append(top)
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+#: ids as this API writes them: 1..bigint in ASCII digits, no leading zero
+ID_PATTERN = decimal_pattern(MAX_BIGINT)
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 #: one bound for every way in (HTTP, Client, CLI, DEADMAN_MAX_ATTEMPTS)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 
 from deadman import logs
+from deadman.bounds import ID_PATTERN
 from deadman.config import Settings, connection_settings
 from deadman.db.pool import prepare_threshold
 from deadman.db.queries import QUERIES
@@ -43,18 +44,14 @@ CANCEL_CHANNEL = "deadman_cancel"
 
 #: A job id as job_cancel sends it: ASCII digits, no sign, no padding, a bigint.
 #: (str.isdigit() is true for '²', which int() refuses.)
-JOB_ID_RE = re.compile(r"[1-9][0-9]{0,18}\Z")
-MAX_JOB_ID = 2**63 - 1
+JOB_ID_RE = re.compile(ID_PATTERN)
 #: How much of a bad payload a log line shows (a payload can be 7999 bytes).
 PAYLOAD_SHOWN = 80
 
 
 def parse_job_id(payload: str) -> int | None:
     """The job id in a deadman_cancel payload, or None if it is not one."""
-    if JOB_ID_RE.match(payload) is None:
-        return None
-    job_id = int(payload)
-    return job_id if job_id <= MAX_JOB_ID else None
+    return int(payload) if JOB_ID_RE.fullmatch(payload) else None
 
 
 class LogLimiter:

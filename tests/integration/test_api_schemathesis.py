@@ -20,6 +20,7 @@ operation are collected and reported together.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import psycopg
@@ -134,7 +135,7 @@ def test_api_conforms_to_its_openapi_document(db_dsn: str) -> None:
                     # nothing to make invalid: an operation without parameters or body
                     assert mode is GenerationMode.NEGATIVE, tried[-1]
                 except Exception as exc:  # collect, so one run shows every problem
-                    failures.append(f"{tried[-1]}: {exc}")
+                    failures.append(f"{tried[-1]}: " + "".join(traceback.format_exception(exc)))
     assert len(tried) >= 30, tried
     assert not failures, "\n\n".join(failures)
 
