@@ -76,12 +76,27 @@ def main(argv: list[str] | None = None) -> int:
                             os.environ[var] = old
                 if not r["verify"]["ok"]:
                     raise SystemExit(f"{name} rep {rep}: not exactly once: {r['verify']}")
-                runs[name].append({"jobs_per_s": r["jobs_per_s"], "cpu_cores": r["cpu_cores"]})
-                print(f"{name} rep {rep}: {r['jobs_per_s']:,.0f} jobs/s", flush=True)
+                runs[name].append(
+                    {
+                        "jobs_per_s": r["jobs_per_s"],
+                        "cpu_cores": r["cpu_cores"],
+                        "cpu_us_per_job": r["cpu_us_per_job"],
+                    }
+                )
+                us = r["cpu_us_per_job"]
+                print(
+                    f"{name} rep {rep}: {r['jobs_per_s']:,.0f} jobs/s, CPU µs/job "
+                    f"workers {us.get('workers', 0):.0f} postgres {us.get('postgres', 0):.0f}",
+                    flush=True,
+                )
     summary = {
         name: {
             "env": variants[name],
             "median_jobs_per_s": round(statistics.median(x["jobs_per_s"] for x in rs)),
+            "median_cpu_us_per_job": {
+                kind: round(statistics.median(x["cpu_us_per_job"].get(kind, 0.0) for x in rs), 1)
+                for kind in ("workers", "postgres")
+            },
             "runs": rs,
         }
         for name, rs in runs.items()
@@ -90,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in summary.items():
         each = ", ".join(f"{x['jobs_per_s']:,.0f}" for x in s["runs"])
         ratio = s["median_jobs_per_s"] / first
-        print(f"{name:<16} median {s['median_jobs_per_s']:>8,} jobs/s ({ratio:.2f}x) [{each}]")
+        us = s["median_cpu_us_per_job"]
+        print(
+            f"{name:<16} median {s['median_jobs_per_s']:>8,} jobs/s ({ratio:.2f}x) [{each}]; "
+            f"CPU µs/job workers {us['workers']:.0f} postgres {us['postgres']:.0f}"
+        )
     if args.out:
         plan = {k: v for k, v in vars(args).items() if k != "variant"}
         Path(args.out).write_text(

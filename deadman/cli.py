@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from deadman import devdb, logs
+from deadman import devdb, eventloop, logs
 from deadman.cli_args import integer, queue_names
 from deadman.config import Settings
 from deadman.errors import ConfigError, DatabaseUnavailable, DeadmanError
@@ -135,7 +135,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.install_signal_handlers()
         return await worker.run()
 
-    code = asyncio.run(main())
+    code = eventloop.run(main, settings.event_loop)
     _exit_past_stuck_threads(code)
     return code
 
@@ -232,12 +232,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             action="serving anyway; /ready answers 503 until the database is back",
         )
 
+    eventloop.loop_factory(settings.event_loop)  # uvloop asked for but missing: exit 2
     try:
         uvicorn.run(
             create_app(settings, dsn),
             host=args.host,
             port=args.port,
             http=HttpProtocol,
+            loop=settings.event_loop,  # uvicorn's names: auto, uvloop, asyncio
+            access_log=settings.access_log,
             log_level=settings.log_level.lower(),
             timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         )

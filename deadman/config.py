@@ -77,6 +77,13 @@ class Settings:
     #: Where the listeners connect instead of the database URL (straight to Postgres,
     #: past the pooler); the same database. Unset: the database URL.
     listen_url: str | None = None
+    #: The event loop of a worker and of ``deadman serve``: auto (uvloop where it is
+    #: installed), uvloop, or asyncio (the standard library's); deadman.eventloop.
+    event_loop: str = "auto"
+    #: ``deadman serve`` writes uvicorn's access log, a plain-text line per request.
+    #: Off by default: /metrics counts every request by route and status, and the line
+    #: cost ~10 % of the server's CPU per submission (DECISIONS 74).
+    access_log: bool = False
 
     @property
     def claim_size(self) -> int:
@@ -138,6 +145,11 @@ class Settings:
             self.log_level.lower() in LOG_LEVELS,
             "DEADMAN_LOG_LEVEL",
             f"must be one of {', '.join(LOG_LEVELS)}",
+        )
+        _require(
+            self.event_loop in {"auto", "uvloop", "asyncio"},
+            "DEADMAN_EVENT_LOOP",
+            "must be auto, uvloop or asyncio",
         )
         if self.api_token is not None:
             # Starlette reads headers as latin-1 and clients send ASCII: a token with
@@ -321,4 +333,6 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "prepare": _switch,
     "listen": _switch,
     "listen_url": str,
+    "event_loop": str,
+    "access_log": _switch,
 }

@@ -43,6 +43,7 @@ class Server:
 
     def __init__(self, dsn: str, port: int, log: Path) -> None:
         self.dsn, self.port, self.log = dsn, port, log
+        self.env: dict[str, str] = {}  # more DEADMAN_* for the next start
         self.proc: subprocess.Popen[bytes] | None = None
         self.last = ""  # the last answer to a readiness probe, for failure messages
 
@@ -53,6 +54,7 @@ class Server:
     def start(self) -> None:
         env = dict(os.environ, DEADMAN_LOG_FORMAT="json", DEADMAN_SHUTDOWN_GRACE_S="5")
         env.pop("DEADMAN_API_TOKEN", None)
+        env.update(self.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [*SERVE, "--port", str(self.port), "--database-url", self.dsn],
@@ -167,3 +169,42 @@ def test_restarts_lose_nothing_acknowledged(server: Server, db_dsn: str) -> None
             )
             assert (r.status_code, r.json()["id"]) == (200, acked[key])
     assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+
+
+def _posted(server: Server, n: int) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        for i in range(n):
+            assert c.post("/jobs", json={"type": "noop", "payload": {"i": i}}).status_code == 201
+
+
+def test_the_access_log_is_off_unless_asked_for(server: Server) -> None:
+    """DEADMAN_ACCESS_LOG (DECISIONS 74): no line per request by default; uvicorn's
+    line per request with it on. Started both ways on uvloop and on asyncio's loop."""
+    request_line = '"POST /jobs HTTP/1.1" 201'
+    for loop in ("uvloop", "asyncio"):
+        server.env = {"DEADMAN_EVENT_LOOP": loop}
+        server.start()
+        _posted(server, 3)
+        assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        assert request_line not in server.tail(), loop
+        server.env = {"DEADMAN_EVENT_LOOP": loop, "DEADMAN_ACCESS_LOG": "on"}
+        server.log.write_bytes(b"")
+        server.start()
+        _posted(server, 3)
+        assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        assert server.tail().count(request_line) == 3, (loop, server.tail())
+        server.log.write_bytes(b"")
+
+
+def test_a_bad_event_loop_setting_stops_serve_at_start(db_dsn: str) -> None:
+    env = dict(os.environ, DEADMAN_EVENT_LOOP="trio")
+    out = subprocess.run(
+        [*SERVE, "--port", str(_free_port()), "--database-url", db_dsn],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out
+    assert "DEADMAN_EVENT_LOOP must be auto, uvloop or asyncio" in out.stderr
+    assert "Traceback" not in out.stderr

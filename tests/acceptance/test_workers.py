@@ -42,8 +42,15 @@ def test_eight_processes_race_every_job_runs_exactly_once(
 ) -> None:
     # Eight separate processes, all idle and listening, then every job at once in one
     # COPY: one NOTIFY wakes all eight and they claim from the same rows together.
+    # Half run on uvloop (the default), half on asyncio's own loop (DEADMAN_EVENT_LOOP).
     workers = [
-        spawn_worker(db_dsn, concurrency=8, DEADMAN_LEASE_TTL_S=STEADY_TTL_S) for _ in range(8)
+        spawn_worker(
+            db_dsn,
+            concurrency=8,
+            DEADMAN_LEASE_TTL_S=STEADY_TTL_S,
+            DEADMAN_EVENT_LOOP="asyncio" if i % 2 else "auto",
+        )
+        for i in range(8)
     ]
     for w in workers:
         wait_registered(db_dsn, w.pid)

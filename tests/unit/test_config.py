@@ -56,6 +56,8 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_PREPARE", "off", False),
     ("DEADMAN_LISTEN", "OFF", False),
     ("DEADMAN_LISTEN_URL", "postgresql://u@pg:5432/db", "postgresql://u@pg:5432/db"),
+    ("DEADMAN_EVENT_LOOP", "asyncio", "asyncio"),
+    ("DEADMAN_ACCESS_LOG", "on", True),
 ]
 
 
@@ -282,6 +284,13 @@ def test_hostile_values_are_refused_naming_the_variable(var: str, raw: str) -> N
         ("DEADMAN_LISTEN_URL", "not a connection string"),
         ("DEADMAN_LISTEN_URL", "postgresql://u@h/" + "d" * 9000),
         ("DEADMAN_LISTEN_URL", "postgresql://u:secret@h:0/db"),
+        ("DEADMAN_EVENT_LOOP", "uvloop\u200b"),  # a zero-width space after it
+        ("DEADMAN_EVENT_LOOP", "UVLOOP"),
+        ("DEADMAN_EVENT_LOOP", "trio"),
+        ("DEADMAN_EVENT_LOOP", "asyncio;uvloop"),
+        ("DEADMAN_EVENT_LOOP", "x" * 5000),
+        ("DEADMAN_ACCESS_LOG", "yes please"),
+        ("DEADMAN_ACCESS_LOG", "2"),
     ],
 )
 def test_huge_tiny_and_malformed_values_are_refused(var: str, raw: str) -> None:
@@ -389,3 +398,30 @@ def test_prepare_off_makes_every_pool_unprepared(
     # an explicit argument wins over the environment
     assert prepare_threshold(False) is None
     assert prepare_threshold(True) == 5
+
+
+def test_the_event_loop_setting_picks_the_loop() -> None:
+    import asyncio
+
+    import uvloop
+
+    from deadman import eventloop
+
+    async def kind() -> type[asyncio.AbstractEventLoop]:
+        return type(asyncio.get_running_loop())
+
+    assert Settings().event_loop == "auto"
+    assert eventloop.run(kind, "auto") is uvloop.Loop
+    assert eventloop.run(kind, "uvloop") is uvloop.Loop
+    assert eventloop.run(kind, "asyncio") is not uvloop.Loop
+
+
+def test_uvloop_asked_for_but_missing_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from deadman import eventloop
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert eventloop.loop_factory("auto") is None
+    with pytest.raises(ConfigError, match="DEADMAN_EVENT_LOOP"):
+        eventloop.loop_factory("uvloop")
