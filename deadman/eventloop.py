@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from deadman.errors import ConfigError
+
 T = TypeVar("T")
 
 CHOICES = ("auto", "uvloop", "asyncio")
@@ -26,9 +28,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         if choice == "uvloop":
-            from deadman.errors import ConfigError
-
-            raise ConfigError("DEADMAN_EVENT_LOOP is uvloop, but uvloop is not installed")
+            raise ConfigError("DEADMAN_EVENT_LOOP is uvloop, but uvloop is not installed") from None
         return None
     return uvloop.new_event_loop
 
