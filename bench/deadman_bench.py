@@ -58,7 +58,7 @@ def truncate(dsn: str) -> None:
     migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "TRUNCATE deadman.jobs, deadman.attempts, deadman.workers, deadman.lease_refusals,"
+            "TRUNCATE deadman.jobs, deadman.attempt_log, deadman.workers, deadman.lease_refusals,"
             " deadman.effects RESTART IDENTITY CASCADE"
         )
         conn.execute("VACUUM ANALYZE deadman.jobs")

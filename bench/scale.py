@@ -73,12 +73,12 @@ SELECT c.relname::text AS rel,
        extract(epoch FROM now() - s.last_autovacuum)::float8 AS last_autovacuum_age_s,
        extract(epoch FROM now() - s.last_vacuum)::float8 AS last_vacuum_age_s
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid IN ('deadman.jobs'::regclass, 'deadman.attempts'::regclass)
+WHERE c.oid IN ('deadman.jobs'::regclass, 'deadman.attempt_log'::regclass)
 """
 
 
 def sizes(dsn: str) -> dict[str, Any]:
-    """Sizes and tuple counts of deadman.jobs and deadman.attempts, and job states."""
+    """Sizes and tuple counts of deadman.jobs and deadman.attempt_log, and job states."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         out: dict[str, Any] = {}
         for rel, heap, idx, live, dead, av, vac, av_age, v_age in conn.execute(SIZES).fetchall():
@@ -341,7 +341,7 @@ def run(
         t0 = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE deadman.jobs")
-            conn.execute("VACUUM ANALYZE deadman.attempts")
+            conn.execute("VACUUM ANALYZE deadman.attempt_log")
         vacuum_s = time.monotonic() - t0
         point("completed_vacuumed")
 

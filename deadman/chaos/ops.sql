@@ -93,7 +93,7 @@ WHERE pid = ANY(%(pids)s) AND last_heartbeat_at > %(since)s;
 
 -- name: operators_instrument
 -- Installed in the scenario's own database before the run. Retention deletes jobs
--- (their attempts go with them, ON DELETE CASCADE) and workflows: each deleted row
+-- (their logged attempts go with them, ON DELETE CASCADE) and workflows: each deleted row
 -- is first copied into chaos.pruned_<table>, as it was when deleted, so the verifier
 -- can tell a job deleted after it finished from one deleted while it was queued or
 -- running (what a prune racing a retry does), and still sees every attempt. An AFTER
@@ -102,10 +102,20 @@ WHERE pid = ANY(%(pids)s) AND last_heartbeat_at > %(since)s;
 -- operator action the harness saw acknowledged.
 CREATE SCHEMA chaos;
 CREATE TABLE chaos.pruned_jobs (LIKE deadman.jobs, deleted_at timestamptz NOT NULL);
-CREATE TABLE chaos.pruned_attempts (LIKE deadman.attempts, deleted_at timestamptz NOT NULL);
+CREATE TABLE chaos.pruned_attempt_log (LIKE deadman.attempt_log, deleted_at timestamptz NOT NULL);
 CREATE TABLE chaos.pruned_workflows (LIKE deadman.workflows, deleted_at timestamptz NOT NULL);
 CREATE INDEX ON chaos.pruned_jobs (id);
-CREATE INDEX ON chaos.pruned_attempts (job_id);
+CREATE INDEX ON chaos.pruned_attempt_log (job_id);
+-- A deleted job's attempts, as deadman.attempts shows a live one's: the logged ones,
+-- and the succeeded one its row kept (migration 0019).
+CREATE VIEW chaos.pruned_attempts AS
+SELECT lease_token, job_id, attempt, worker, started_at, finished_at, outcome, error, deleted_at
+FROM chaos.pruned_attempt_log
+UNION ALL
+SELECT finished_token, id, attempt, lease_worker, started_at, finished_at, 'succeeded', NULL,
+       deleted_at
+FROM chaos.pruned_jobs
+WHERE finished_token IS NOT NULL;
 CREATE FUNCTION chaos.keep_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -117,7 +127,7 @@ END
 $$;
 CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.jobs
     FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
-CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.attempts
+CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.attempt_log
     FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
 CREATE TRIGGER chaos_keep_deleted AFTER DELETE ON deadman.workflows
     FOR EACH ROW EXECUTE FUNCTION chaos.keep_deleted();
@@ -170,5 +180,5 @@ SELECT (SELECT count(*) FROM deadman.jobs
 
 -- name: operators_analyze
 -- Fresh statistics before the verifier's joins (chaos.acks was loaded just now).
-ANALYZE chaos.acks, chaos.pruned_jobs, chaos.pruned_attempts, chaos.pruned_workflows,
+ANALYZE chaos.acks, chaos.pruned_jobs, chaos.pruned_attempt_log, chaos.pruned_workflows,
         deadman.jobs, deadman.attempts, deadman.effects, deadman.chaos_invocations;

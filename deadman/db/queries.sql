@@ -360,16 +360,19 @@ WITH locked AS (
         last_error = CASE WHEN l.cancelled_on_request
                           THEN COALESCE(l.error || E'\n', '') || 'cancelled on request'
                           ELSE COALESCE(l.error, j.last_error) END,
-        result = l.result
+        result = l.result,
+        finished_token = CASE WHEN l.state = 'succeeded' THEN l.token END
     FROM locked l
     WHERE j.id = l.id AND j.lease_token = l.token
-    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error
+    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error,
+              j.finished_token
 ), history AS (
-    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+    INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)
     SELECT token, id, CASE WHEN outcome = 'released' THEN attempt + 1 ELSE attempt END,
            lease_worker, started_at, outcome, error
     FROM done
+    WHERE finished_token IS NULL  -- a succeeded attempt stays in its job's row
 )
 SELECT id FROM done;
 
@@ -416,16 +419,19 @@ WITH locked AS (
         last_error = CASE WHEN l.cancelled_on_request
                           THEN COALESCE(l.error || E'\n', '') || 'cancelled on request'
                           ELSE COALESCE(l.error, j.last_error) END,
-        result = l.result
+        result = l.result,
+        finished_token = CASE WHEN l.state = 'succeeded' THEN l.token END
     FROM locked l
     WHERE j.id = l.id AND j.lease_token = l.token
-    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error
+    RETURNING j.id, j.attempt, j.lease_worker, j.started_at, l.token, l.outcome, l.error,
+              j.finished_token
 ), history AS (
-    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+    INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)
     SELECT token, id, CASE WHEN outcome = 'released' THEN attempt + 1 ELSE attempt END,
            lease_worker, started_at, outcome, error
     FROM done
+    WHERE finished_token IS NULL  -- a succeeded attempt stays in its job's row
 ),
 candidates AS (
     SELECT id, priority, run_at
@@ -612,7 +618,7 @@ WITH expired AS (
     RETURNING j.id, j.state, j.queue, j.type, v.lease_token, v.lease_worker, v.started_at,
               v.attempt
 ), history AS (
-    INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,
+    INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,
                                   outcome, error)
     SELECT lease_token, id, attempt, lease_worker, started_at, 'lease_expired',
            'lease expired before the worker finished'

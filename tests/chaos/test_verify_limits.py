@@ -60,7 +60,7 @@ class History:
         """A job of ``key`` whose one ended attempt ran [start_s, end_s)."""
         job = self.job(key)
         self.conn.execute(
-            "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+            "INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,"
             " finished_at, outcome) VALUES (nextval('deadman.lease_token_seq'), %s, 1,"
             " 'w-test', %s, %s, %s)",
             (job, self.at(start_s), self.at(end_s), outcome),

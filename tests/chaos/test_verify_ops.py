@@ -85,7 +85,7 @@ class Scene:
     ) -> int:
         """An ended attempt's row (a fresh token unless given)."""
         row = self.conn.execute(
-            "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+            "INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,"
             " outcome) VALUES (COALESCE(%s, nextval('deadman.lease_token_seq')), %s, 1, 'w',"
             " %s, %s) RETURNING lease_token",
             (token, job_id, self.at(started_s), outcome),

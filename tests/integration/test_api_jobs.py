@@ -168,7 +168,7 @@ def test_attempts_lists_the_history_oldest_first(db_dsn: str) -> None:
             (902, 2, "failed", "boom"),
         ):
             conn.execute(
-                "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+                "INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,"
                 " outcome, error) VALUES (%s, %s, %s, 'w', now(), %s, %s)",
                 (token, job.id, attempt, outcome, error),
             )
@@ -441,7 +441,7 @@ def test_retry_requeues_with_fresh_attempts_and_keeps_history(db_dsn: str, state
             (job.id,),
         )
         conn.execute(
-            "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+            "INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,"
             " outcome, error) VALUES (77, %s, 3, 'w', now(), 'failed', 'boom')",
             (job.id,),
         )

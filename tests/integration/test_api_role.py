@@ -61,7 +61,7 @@ FORBIDDEN = [
     "DELETE FROM deadman.schema_migrations",
     "INSERT INTO deadman.schema_migrations (version, name) VALUES (999, 'x')",
     "UPDATE deadman.workers SET pid = 0",
-    "DELETE FROM deadman.attempts",
+    "DELETE FROM deadman.attempt_log",
 ]
 
 

@@ -170,7 +170,7 @@ def test_api_conforms_along_its_links(db_dsn: str) -> None:
                 with psycopg.connect(db_dsn, autocommit=True) as conn:
                     for table in (
                         "job_deps",
-                        "attempts",
+                        "attempt_log",
                         "effects",
                         "jobs",
                         "workflows",

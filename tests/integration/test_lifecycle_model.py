@@ -96,7 +96,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.store = self.run(self._open())
         self.sql = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row)
         self.sql.execute(
-            "TRUNCATE deadman.jobs, deadman.attempts, deadman.queues, deadman.effects,"
+            "TRUNCATE deadman.jobs, deadman.attempt_log, deadman.queues, deadman.effects,"
             " deadman.lease_refusals, deadman.workflows, deadman.workers CASCADE"
         )
         self.jobs: dict[int, M] = {}

@@ -833,6 +833,18 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
             "SELECT count(*) AS n FROM deadman.attempts WHERE lease_token = %s", (world.token,)
         ).fetchone()
         assert n is not None and n["n"] <= 1, "one lease ended twice"
+    # a succeeded attempt kept in its job's row (migration 0019) is in the history once,
+    # as that job's one succeeded attempt, and nowhere in the attempt log
+    if job is not None and job["finished_token"] is not None:
+        assert job["state"] == "succeeded", job["state"]
+        rows = conn.execute(
+            "SELECT lease_token, outcome FROM deadman.attempts"
+            " WHERE job_id = %s AND (lease_token = %s OR outcome = 'succeeded')",
+            (world.job, job["finished_token"]),
+        ).fetchall()
+        assert [(r["lease_token"], r["outcome"]) for r in rows] == [
+            (job["finished_token"], "succeeded")
+        ], rows
 
     # an acknowledged cancel is never followed by a new attempt
     cancelled = [n for n in acked if n in ("cancel", "workflow_cancel")]

@@ -278,7 +278,7 @@ def test_retention(db_dsn: str) -> None:
         for token, (state, ago, _) in enumerate(cases, start=1):
             job_id = insert_job(conn, state=state, finished_ago_s=ago).id
             conn.execute(
-                "INSERT INTO deadman.attempts (lease_token, job_id, attempt, worker, started_at,"
+                "INSERT INTO deadman.attempt_log (lease_token, job_id, attempt, worker, started_at,"
                 " outcome) VALUES (%s, %s, 1, 'w', now() - interval '30 days', 'failed')",
                 (-token, job_id),
             )

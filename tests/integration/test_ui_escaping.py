@@ -56,7 +56,7 @@ def _store_hostile_rows(dsn: str) -> list[tuple[int, str]]:
             )
             ids.append(done)
             conn.execute(
-                "INSERT INTO deadman.attempts"
+                "INSERT INTO deadman.attempt_log"
                 " (lease_token, job_id, attempt, worker, started_at, outcome, error)"
                 " VALUES (nextval('deadman.lease_token_seq'), %s, 1, %s, now() - interval '5s',"
                 " 'failed', %s)",

@@ -746,7 +746,7 @@ def test_an_unexpected_rescuer_error_does_not_stop_the_worker(
     with connect(db_dsn) as conn:
         conn.execute(RAISE_SQL)
         conn.execute(
-            "CREATE TRIGGER test_refuse BEFORE INSERT ON deadman.attempts FOR EACH ROW"
+            "CREATE TRIGGER test_refuse BEFORE INSERT ON deadman.attempt_log FOR EACH ROW"
             " WHEN (NEW.outcome = 'lease_expired') EXECUTE FUNCTION public.test_refuse()"
         )
         job_id = insert_job(
@@ -755,7 +755,7 @@ def test_an_unexpected_rescuer_error_does_not_stop_the_worker(
         with running_worker(db_dsn, handlers=handlers) as worker:
             wait_for(lambda: _logged(capfd, seen, "rescuer_error"), 10, message="logged")
             assert worker.alive
-            conn.execute("DROP TRIGGER test_refuse ON deadman.attempts")
+            conn.execute("DROP TRIGGER test_refuse ON deadman.attempt_log")
             wait_for(lambda: job_row(conn, job_id)["state"] == "succeeded", 15, message="ok")
             assert worker.stop() == 0
         assert [a["outcome"] for a in attempt_rows(conn, job_id)] == ["lease_expired", "succeeded"]
