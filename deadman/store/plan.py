@@ -17,6 +17,7 @@ import psycopg
 from psycopg.pq import ExecStatus, Format
 from psycopg.rows import DictRow, dict_row
 
+from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 
@@ -94,14 +95,17 @@ async def run_async(conn: psycopg.AsyncConnection[Any], plan: Plan[R]) -> R:
         return await _drive_async(conn, plan.steps())
 
 
-#: psycopg's own loaders of the JSON types (oid, format, loader). A caller's connection
-#: may load them otherwise (Django's loads jsonb as text, to decode it itself); a plan
-#: reads payloads, results and backoffs as values, so its cursor uses these.
+#: The loaders of the JSON types (oid, format, loader) that Deadman's own connections
+#: use (deadman.db.jsoncodec: orjson where it is exact). A caller's connection may load
+#: them otherwise (Django's loads jsonb as text, to decode it itself); a plan reads
+#: payloads, results and backoffs as values, so its cursor uses these. (They were
+#: psycopg's global ones, which differ from jsoncodec's: every plan on Deadman's own
+#: connections re-registered four loaders and decoded with ``json``.)
 _JSON_LOADERS = [
     (
-        psycopg.adapters.types[name].oid,
+        jsoncodec.CONTEXT.types[name].oid,
         fmt,
-        psycopg.adapters.get_loader(psycopg.adapters.types[name].oid, fmt),
+        jsoncodec.CONTEXT.get_loader(jsoncodec.CONTEXT.types[name].oid, fmt),
     )
     for name in ("json", "jsonb")
     for fmt in (Format.TEXT, Format.BINARY)
