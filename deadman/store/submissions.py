@@ -41,7 +41,7 @@ def grouped_params(jobs: Sequence[NewJob], default_max_attempts: int) -> dict[st
             "priority": j.priority,
             "payload": j.payload,
             "max_attempts": j.max_attempts or default_max_attempts,
-            "backoff": j.backoff.to_json(),
+            "backoff": j.backoff.stored(),
             "timeout_ms": j.timeout_ms,
             "run_at": _iso(j.run_at),
             "delay_ms": j.delay_ms,

@@ -8,6 +8,7 @@ table it checks cannot fail.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -220,6 +221,41 @@ def test_backoff_json_round_trip() -> None:
     assert Backoff.from_json(policy.to_json()) == policy
     assert Backoff.from_json(None) == Backoff()
     assert Backoff.from_json({}) == Backoff()
+
+
+@st.composite
+def any_backoffs(draw: st.DrawFn) -> Backoff:
+    """Every field free to be its default or not (backoffs() fixes the jitter)."""
+    policy = draw(backoffs())
+    jitters: list[Literal["full", "none"]] = ["full", "none"]
+    base = draw(st.sampled_from([policy.base_ms, 1000]))
+    return Backoff(
+        strategy=policy.strategy,
+        base_ms=base,
+        max_ms=draw(st.sampled_from([max(policy.max_ms, base), max(300_000, base)])),
+        jitter=draw(st.sampled_from(jitters)),
+    )
+
+
+@settings(database=None, max_examples=300, deadline=None)
+@given(policy=any_backoffs())
+def test_the_stored_backoff_reads_back_as_the_same_policy(policy: Backoff) -> None:
+    """The jobs table keeps only the fields that differ from the defaults (DECISIONS 77),
+    so the default policy is the column default '{}'; both read back the same."""
+    stored = policy.stored()
+    assert Backoff.from_json(stored) == policy
+    assert Backoff.from_json(json.loads(policy.json_text)) == policy
+    defaults = Backoff().to_json()
+    assert all(stored[k] != defaults[k] for k in stored)
+    assert set(stored) | {k for k, v in policy.to_json().items() if v == defaults[k]} == set(
+        defaults
+    )
+
+
+def test_the_default_backoff_is_stored_as_the_column_default() -> None:
+    assert Backoff().stored() == {}
+    assert Backoff().json_text == "{}"
+    assert Backoff(jitter="none").stored() == {"jitter": "none"}
 
 
 # --------------------------------------------------------------------------- validation
