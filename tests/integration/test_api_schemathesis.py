@@ -24,6 +24,7 @@ import traceback
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -116,6 +117,17 @@ def _runner(operation: Any, mode: GenerationMode) -> Any:
     return run
 
 
+#: schemathesis's case strategies call the global ``random`` module on some draws (not
+#: ours to change), and hypothesis then warns; with warnings as errors that failed the
+#: first call of a case and not its replay, so hypothesis reported it as flaky (seen in
+#: CI and in a fresh-clone run, GET /jobs/{id}). Only that warning is ignored here.
+RANDOM_IN_STRATEGY = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies"
+    ":hypothesis.errors.HypothesisDeprecationWarning"
+)
+
+
+@RANDOM_IN_STRATEGY
 def test_api_conforms_to_its_openapi_document(db_dsn: str) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         for state in ("queued", "running", "dead", "cancelled", "succeeded", "scheduled"):
@@ -148,6 +160,7 @@ STATEFUL_STEPS = 12
 STATEFUL_CONFIG = SchemathesisConfig.from_dict({**CONFIG_DICT, "generation": {"mode": "positive"}})
 
 
+@RANDOM_IN_STRATEGY
 def test_api_conforms_along_its_links(db_dsn: str) -> None:
     """The stateful run: schemathesis follows the document's OpenAPI links (create ->
     get -> cancel -> retry -> get, batches and workflows to their jobs), so the ids it
