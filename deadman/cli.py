@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from deadman import devdb, eventloop, logs
+from deadman import devdb, eventloop, gcpolicy, logs
 from deadman.cli_args import integer, queue_names
 from deadman.config import Settings
 from deadman.errors import ConfigError, DatabaseUnavailable, DeadmanError
@@ -135,6 +135,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.install_signal_handlers()
         return await worker.run()
 
+    gcpolicy.apply(settings.gc)
     code = eventloop.run(main, settings.event_loop)
     _exit_past_stuck_threads(code)
     return code
@@ -233,9 +234,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
 
     eventloop.loop_factory(settings.event_loop)  # uvloop asked for but missing: exit 2
+    app = create_app(settings, dsn)
+    gcpolicy.apply(settings.gc)
     try:
         uvicorn.run(
-            create_app(settings, dsn),
+            app,
             host=args.host,
             port=args.port,
             http=HttpProtocol,

@@ -84,6 +84,10 @@ class Settings:
     #: Off by default: /metrics counts every request by route and status, and the line
     #: cost ~10 % of the server's CPU per submission (DECISIONS 74).
     access_log: bool = False
+    #: How the cyclic garbage collector runs in a worker and in ``deadman serve``:
+    #: tuned (startup objects frozen, generation 0 every 50,000 allocations) or
+    #: python (the interpreter's own thresholds); deadman.gcpolicy.
+    gc: str = "tuned"
 
     @property
     def claim_size(self) -> int:
@@ -151,6 +155,7 @@ class Settings:
             "DEADMAN_EVENT_LOOP",
             "must be auto, uvloop or asyncio",
         )
+        _require(self.gc in {"tuned", "python"}, "DEADMAN_GC", "must be tuned or python")
         if self.api_token is not None:
             # Starlette reads headers as latin-1 and clients send ASCII: a token with
             # anything else in it could never be presented, locking everyone out.
@@ -335,4 +340,5 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "listen_url": str,
     "event_loop": str,
     "access_log": _switch,
+    "gc": str,
 }

@@ -179,7 +179,8 @@ def _posted(server: Server, n: int) -> None:
 
 def test_the_access_log_is_off_unless_asked_for(server: Server) -> None:
     """DEADMAN_ACCESS_LOG (DECISIONS 74): no line per request by default; uvicorn's
-    line per request with it on. Started both ways on uvloop and on asyncio's loop."""
+    line per request with it on. Started both ways on uvloop and on asyncio's loop, with
+    the tuned collector and with Python's own (DEADMAN_GC)."""
     request_line = '"POST /jobs HTTP/1.1" 201'
     for loop in ("uvloop", "asyncio"):
         server.env = {"DEADMAN_EVENT_LOOP": loop}
@@ -187,12 +188,16 @@ def test_the_access_log_is_off_unless_asked_for(server: Server) -> None:
         _posted(server, 3)
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         assert request_line not in server.tail(), loop
+        assert '"policy": "tuned"' in server.tail(), server.tail()
+        # Python's own collector (DEADMAN_GC=python) on this run
         server.env = {"DEADMAN_EVENT_LOOP": loop, "DEADMAN_ACCESS_LOG": "on"}
+        server.env["DEADMAN_GC"] = "python"
         server.log.write_bytes(b"")
         server.start()
         _posted(server, 3)
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         assert server.tail().count(request_line) == 3, (loop, server.tail())
+        assert '"policy": "python"' in server.tail(), server.tail()
         server.log.write_bytes(b"")
 
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from deadman import gcpolicy
 from deadman.client import Client
 from tests.helpers import wait_for
 from tests.helpers.processes import (
@@ -42,13 +43,17 @@ def test_eight_processes_race_every_job_runs_exactly_once(
 ) -> None:
     # Eight separate processes, all idle and listening, then every job at once in one
     # COPY: one NOTIFY wakes all eight and they claim from the same rows together.
-    # Half run on uvloop (the default), half on asyncio's own loop (DEADMAN_EVENT_LOOP).
+    # Half run on uvloop (the default), half on asyncio's own loop (DEADMAN_EVENT_LOOP);
+    # across both, half with the tuned collector (the default), half with Python's own
+    # (DEADMAN_GC, DECISIONS 78).
+    policies = ["python" if (i // 2) % 2 else "tuned" for i in range(8)]
     workers = [
         spawn_worker(
             db_dsn,
             concurrency=8,
             DEADMAN_LEASE_TTL_S=STEADY_TTL_S,
             DEADMAN_EVENT_LOOP="asyncio" if i % 2 else "auto",
+            DEADMAN_GC=policies[i],
         )
         for i in range(8)
     ]
@@ -92,6 +97,12 @@ def test_eight_processes_race_every_job_runs_exactly_once(
         assert w.poll() is None
         bad = [e for e in w.events() if e.get("level") in ("error", "critical")]
         assert bad == [], bad
+    # Each ran the collector it was told to.
+    for w, policy in zip(workers, policies, strict=True):
+        gcs = [e for e in w.events() if e.get("event") == "gc_policy"]
+        assert [e["policy"] for e in gcs] == [policy], gcs
+        tuned = gcs[0]["thresholds"] == [gcpolicy.GEN0, gcpolicy.GEN1, gcpolicy.GEN2]
+        assert tuned == (policy == "tuned") == (gcs[0]["frozen"] > 0), gcs
     # They really raced: the work is spread over the processes.
     by_worker = sql_all(
         db_dsn, "SELECT worker, count(*) AS n FROM deadman.attempts GROUP BY worker"

@@ -58,6 +58,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_LISTEN_URL", "postgresql://u@pg:5432/db", "postgresql://u@pg:5432/db"),
     ("DEADMAN_EVENT_LOOP", "asyncio", "asyncio"),
     ("DEADMAN_ACCESS_LOG", "on", True),
+    ("DEADMAN_GC", "python", "python"),
 ]
 
 
@@ -291,6 +292,11 @@ def test_hostile_values_are_refused_naming_the_variable(var: str, raw: str) -> N
         ("DEADMAN_EVENT_LOOP", "x" * 5000),
         ("DEADMAN_ACCESS_LOG", "yes please"),
         ("DEADMAN_ACCESS_LOG", "2"),
+        ("DEADMAN_GC", "TUNED"),
+        ("DEADMAN_GC", "off"),
+        ("DEADMAN_GC", "700,10,10"),
+        ("DEADMAN_GC", "tuned\u200b"),
+        ("DEADMAN_GC", "x" * 5000),
     ],
 )
 def test_huge_tiny_and_malformed_values_are_refused(var: str, raw: str) -> None:
