@@ -9,9 +9,11 @@ the whole import graph and the handlers' modules too. ``tuned`` (the default):
 - ``gc.freeze()`` once the process has started (modules imported, handlers
   loaded, the app built): what exists then lives as long as the process, and the
   collector stops walking it;
-- generation 0 collected after ``GEN0`` net allocations instead of 700, so a
-  collection comes every few hundred jobs instead of every ~25, each one longer
-  (a millisecond or two) but far fewer in total.
+- generation 0 collected after ``GEN0`` net allocations instead of 700. The count
+  is of allocations minus deallocations, and a job's objects are freed by reference
+  counting as it ends, so a worker running jobs that leave no cycles stays under it
+  and never collects after startup (measured: none in 100,000 no-op jobs or 30,000
+  failing ones); when a collection does come, it walks the young objects alive then.
 
 Reference counting frees everything that is not in a cycle at once, whatever the
 setting; only cyclic garbage waits longer, at most ``GEN0`` objects of it before a
