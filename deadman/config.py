@@ -17,6 +17,7 @@ from typing import TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from deadman import eventloop, gcpolicy
 from deadman.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN
 from deadman.errors import ConfigError
 from deadman.model import QUEUE_RE
@@ -151,11 +152,11 @@ class Settings:
             f"must be one of {', '.join(LOG_LEVELS)}",
         )
         _require(
-            self.event_loop in {"auto", "uvloop", "asyncio"},
+            self.event_loop in eventloop.CHOICES,
             "DEADMAN_EVENT_LOOP",
             "must be auto, uvloop or asyncio",
         )
-        _require(self.gc in {"tuned", "python"}, "DEADMAN_GC", "must be tuned or python")
+        _require(self.gc in gcpolicy.CHOICES, "DEADMAN_GC", "must be tuned or python")
         if self.api_token is not None:
             # Starlette reads headers as latin-1 and clients send ASCII: a token with
             # anything else in it could never be presented, locking everyone out.
