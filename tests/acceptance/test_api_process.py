@@ -189,9 +189,11 @@ def test_the_access_log_is_off_unless_asked_for(server: Server) -> None:
         assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         assert request_line not in server.tail(), loop
         assert '"policy": "tuned"' in server.tail(), server.tail()
-        # Python's own collector (DEADMAN_GC=python) on this run
-        server.env = {"DEADMAN_EVENT_LOOP": loop, "DEADMAN_ACCESS_LOG": "on"}
-        server.env["DEADMAN_GC"] = "python"
+        server.env = {
+            "DEADMAN_EVENT_LOOP": loop,
+            "DEADMAN_ACCESS_LOG": "on",
+            "DEADMAN_GC": "python",  # Python's own collector on this run
+        }
         server.log.write_bytes(b"")
         server.start()
         _posted(server, 3)
