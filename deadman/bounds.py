@@ -66,6 +66,12 @@ CRON_MAX_LEN = 256
 TIMEZONE_MAX_LEN = 64
 SCHEDULES_LISTED_MAX = 1000
 
+#: jobs one page of a job listing filtered by queue or type looks through when it can
+#: reach succeeded jobs (no index holds those by queue or type: migration 0020); a
+#: page that found fewer jobs than it asked for in them still has a cursor onward
+#: (deadman.store.reads.job_page).
+LIST_WINDOW = 50_000
+
 #: GET /jobs/{id}?wait_ms=N: the longest long-poll, in milliseconds (SQS caps its long
 #: poll at 20 s too: under the idle timeouts of common proxies and load balancers)
 WAIT_MS_MAX = 20_000

@@ -92,13 +92,13 @@ def _list(args: argparse.Namespace, state: JobState | None, title: str) -> int:
     p = ListParams(
         limit=args.limit, state=state, type=args.type, queue=args.queue, before_id=args.before
     )
-    jobs = _run(args, lambda s, _: s.job_list(p))
+    page = _run(args, lambda s, _: s.job_list(p))
     if args.json:
-        print_json({"jobs": [job_json(j) for j in jobs]})
+        print_json({"jobs": [job_json(j) for j in page.jobs], "next_before": page.next_before})
     else:
-        console().print(jobs_table(jobs, f"{title} (newest first, {len(jobs)} shown)"))
-        if len(jobs) == args.limit:
-            print(f"next page: --before {jobs[-1].id}")
+        console().print(jobs_table(page.jobs, f"{title} (newest first, {len(page.jobs)} shown)"))
+        if page.next_before is not None:
+            print(f"next page: --before {page.next_before}")
     return OK
 
 

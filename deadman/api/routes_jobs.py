@@ -125,13 +125,12 @@ async def get_attempts(request: Request) -> Response:
 
 
 async def list_jobs(request: Request) -> Response:
-    """Newest first. One extra row is fetched to know whether another page exists."""
+    """Newest first. ``next_cursor`` is null on the last page; a page filtered by queue
+    or type may be short (even empty) and still have one (deadman.store.reads)."""
     params = schema.parse_list_query(request.query_params)
-    store = api_state(request).store
-    page_plus_one = await store.job_list(replace(params, limit=params.limit + 1))
-    page = page_plus_one[: params.limit]
-    next_cursor = str(page[-1].id) if len(page_plus_one) > params.limit else None
-    return JSONResponse({"jobs": [job_json(j) for j in page], "next_cursor": next_cursor})
+    page = await api_state(request).store.job_list(params)
+    next_cursor = None if page.next_before is None else str(page.next_before)
+    return JSONResponse({"jobs": [job_json(j) for j in page.jobs], "next_cursor": next_cursor})
 
 
 async def cancel_job(request: Request) -> Response:

@@ -840,18 +840,23 @@ FROM (SELECT 1 FROM deadman.jobs
 -- name: job_list
 -- GET /jobs: newest first, keyset pagination (id < %(before)s), optional filters; a
 -- NULL parameter means "no filter". Run unprepared: each execution then gets a plan
--- for its actual values, in which the NULL tests fold away and the matching
--- jobs_list_*_idx (or the primary key) is walked backwards. A cached generic plan
--- would keep the ORs and could scan the whole table for a rare state.
--- Two branches (migration 0016): the listing indexes hold no running job, so running
+-- for its actual values, in which the NULL tests fold away and the matching index
+-- (jobs_list_state_idx, jobs_running_idx or the primary key) is walked backwards. A
+-- cached generic plan would keep the ORs and could scan the whole table for a rare
+-- state.
+-- Two branches (migration 0016): jobs_list_state_idx holds no running job, so running
 -- jobs (as many as the fleet has slots) come from jobs_running_idx; a filter on
 -- another state makes that branch contradict itself and the planner drops it.
+-- %(floor)s (migration 0020): a listing by queue or type that can reach succeeded
+-- jobs has no index of its own; it reads only ids from %(floor)s up (job_list_floor),
+-- a bounded walk of the primary key.
 (SELECT * FROM deadman.jobs
  WHERE state <> 'running'
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(type)s::text IS NULL OR type = %(type)s::text)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+   AND (%(floor)s::bigint IS NULL OR id >= %(floor)s::bigint)
  ORDER BY id DESC
  LIMIT %(limit)s)
 UNION ALL
@@ -861,10 +866,23 @@ UNION ALL
    AND (%(type)s::text IS NULL OR type = %(type)s::text)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+   AND (%(floor)s::bigint IS NULL OR id >= %(floor)s::bigint)
  ORDER BY id DESC
  LIMIT %(limit)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: job_list_floor
+-- Where a windowed page of job_list stops (migration 0020): the id of the
+-- %(window)s-th job below the cursor, counted along the primary key (an index walk
+-- of %(window)s entries); no row when fewer jobs are left, and the page reads to the
+-- bottom. Counted in jobs, not ids, so that ids retention left empty cost no pages.
+-- Unprepared, as job_list.
+SELECT id AS floor FROM deadman.jobs
+WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+ORDER BY id DESC
+OFFSET %(window)s::bigint - 1
+LIMIT 1;
 
 -- name: job_cancel
 -- POST /jobs/{id}/cancel as one guarded statement, so it cannot race a claim (the

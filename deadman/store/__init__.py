@@ -41,7 +41,7 @@ from deadman.store.leases import (
     heartbeat_params,
 )
 from deadman.store.maintenance import PruneParams, Rescued, RescueParams, quarantine_at
-from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
+from deadman.store.reads import FINISHED_COUNT_CAP, JobPage, ListParams
 from deadman.store.sync_store import SyncStore, is_transient
 from deadman.store.workflows import (
     InvalidWorkflow,
@@ -61,6 +61,7 @@ __all__ = [
     "Finish",
     "HeartbeatParams",
     "InvalidWorkflow",
+    "JobPage",
     "ListParams",
     "NewJob",
     "NewWorkflow",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg.rows import DictRow
 
+from deadman import bounds
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import Job
@@ -16,7 +17,7 @@ from deadman.store.leases import LeaseStore
 from deadman.store.limits import LimitStore
 from deadman.store.maintenance import MaintenanceStore
 from deadman.store.plans import WorkflowRows, jobs_of
-from deadman.store.reads import FINISHED_COUNT_CAP, ListParams
+from deadman.store.reads import FINISHED_COUNT_CAP, JobPage, ListParams, job_page
 from deadman.store.schedules import ScheduleStore
 from deadman.store.workflows import NewWorkflow
 
@@ -94,19 +95,31 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
                 return result
         return result
 
-    async def job_list(self, p: ListParams) -> list[Job]:
-        """One page, newest first; unprepared on purpose (see the query's comment)."""
-        params = {
-            "state": p.state.value if p.state else None,
-            "type": p.type,
-            "queue": p.queue,
-            "before": p.before_id,
-            "limit": p.limit,
-        }
+    async def job_list(self, p: ListParams) -> JobPage:
+        """One page, newest first, and the next page's cursor; unprepared on purpose
+        (see the query's comment). A windowed page (migration 0020) first finds where
+        its window ends, on the same connection."""
         with translate():
             async with self.pool.connection() as conn:
+                floor = None
+                if p.windowed:
+                    cur = await conn.execute(
+                        QUERIES["job_list_floor"],
+                        {"before": p.before_id, "window": bounds.LIST_WINDOW},
+                        prepare=False,
+                    )
+                    row = await cur.fetchone()
+                    floor = None if row is None else int(row["floor"])
+                params = {
+                    "state": p.state.value if p.state else None,
+                    "type": p.type,
+                    "queue": p.queue,
+                    "before": p.before_id,
+                    "floor": floor,
+                    "limit": p.limit + 1,
+                }
                 cur = await conn.execute(QUERIES["job_list"], params, prepare=False)
-                return jobs_of(await cur.fetchall())
+                return job_page(jobs_of(await cur.fetchall()), p.limit, floor)
 
     async def job_cancel(self, job_id: int) -> Job | None:
         return await self._plan(plans.job_cancel(job_id))

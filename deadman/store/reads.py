@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from deadman.model import (
+    Job,
     JobState,
 )
 
@@ -29,6 +30,34 @@ class ListParams:
     type: str | None = None
     queue: str | None = None
     before_id: int | None = None  # only jobs with a smaller id (the previous page's last)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether a page reads only the LIST_WINDOW jobs below its cursor (migration
+        0020, job_list_floor): filtered by queue or type, and able to reach succeeded
+        jobs, which no index holds by queue or type."""
+        filtered = self.queue is not None or self.type is not None
+        return filtered and self.state in (None, JobState.SUCCEEDED)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of the job listing, newest first, and where the next page starts."""
+
+    jobs: list[Job]
+    #: the cursor of the next page (its before_id); None: this was the last
+    next_before: int | None
+
+
+def job_page(found: list[Job], limit: int, floor: int | None) -> JobPage:
+    """A page from job_list's rows, fetched with ``limit + 1`` so that a row past the
+    page says another exists. A windowed page that did not fill goes on below its
+    window (``floor``, its lowest id): the next page reads the window under it, and may
+    be short, or empty, while older matching jobs exist further down."""
+    page = found[:limit]
+    if len(found) > limit:
+        return JobPage(page, page[-1].id)
+    return JobPage(page, floor)
 
 
 def throughput_series(rows: Sequence[Mapping[str, Any]], minutes: int) -> dict[str, list[int]]:

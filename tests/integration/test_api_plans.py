@@ -1,6 +1,7 @@
 """Pin the plans of the API's read queries on a seeded, analysed table: the listing
-walks an index for every filter (migrations/0002_api.sql), however rare the match, and
-the queue-depth check stops at the cap inside the claim index."""
+walks an index for every filter (migrations/0002_api.sql, 0016, 0020), however rare the
+match, a listing by queue or type walks no further than its window, and the
+queue-depth check stops at the cap inside the claim index."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def _plan(dsn: str, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
 def _list(dsn: str, **filters: Any) -> list[dict[str, Any]]:
     params = {"state": None, "type": None, "queue": None, "before": None, "limit": 101}
     params.update(filters)
+    params.setdefault("floor", None)
     return _plan(dsn, "job_list", params)
 
 
@@ -74,8 +76,7 @@ def _seq_scans(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ({"before": 20000}, "jobs_pkey"),
         ({"state": "dead"}, "jobs_list_state_idx"),
         ({"state": "dead", "before": 40010}, "jobs_list_state_idx"),
-        ({"type": "rare"}, "jobs_list_type_idx"),
-        ({"queue": "rare-q"}, "jobs_list_queue_idx"),
+        ({"state": "dead", "queue": "rare-q"}, "jobs_list_state_idx"),
     ],
 )
 def test_every_listing_walks_an_index(seeded_dsn: str, filters: dict[str, Any], index: str) -> None:
@@ -83,6 +84,32 @@ def test_every_listing_walks_an_index(seeded_dsn: str, filters: dict[str, Any], 
     assert index in _index_names(nodes), nodes
     assert _seq_scans(nodes) == [], nodes
     assert _sorts_beyond_running(nodes) == [], "the index should give the order"
+
+
+def test_a_windowed_listing_reads_no_further_than_its_window(seeded_dsn: str) -> None:
+    """A listing by queue or type (migration 0020) reads the ids between its cursor
+    and its floor, along the primary key: the rows it reads are bounded by the
+    window, not the table, and no plan scans the table."""
+    window = 5_000
+    with connect(seeded_dsn) as conn:
+        for filters in ({"queue": "rare-q"}, {"type": "rare"}, {"queue": "nowhere"}):
+            params = {"state": None, "type": None, "queue": None, "limit": 51}
+            params.update(filters, before=30_000, floor=30_000 - window)
+            row = conn.execute(
+                sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(QUERIES["job_list"]),
+                params,
+                prepare=False,
+            ).fetchone()
+            assert row is not None
+            nodes = list(_nodes(next(iter(row.values()))[0]["Plan"]))
+            assert _seq_scans(nodes) == [], (filters, nodes)
+            assert "jobs_pkey" in _index_names(nodes), (filters, nodes)
+            read = sum(
+                n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
+                for n in nodes
+                if n["Node Type"] in ("Index Scan", "Bitmap Heap Scan")
+            )
+            assert 0 < read <= window, (filters, read, nodes)
 
 
 def _sorts_beyond_running(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,7 +125,12 @@ def _sorts_beyond_running(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_running_jobs_are_listed_from_their_own_index(seeded_dsn: str) -> None:
     """The listing indexes hold no running job (migration 0016): with or without a
     filter, the running ones come from jobs_running_idx, merged in id order."""
-    for filters in ({}, {"state": "running"}, {"queue": "rare-q"}, {"type": "rare"}):
+    for filters in (
+        {},
+        {"state": "running"},
+        {"queue": "rare-q", "floor": 30_000},
+        {"type": "rare", "floor": 30_000},
+    ):
         nodes = _list(seeded_dsn, **filters)
         assert "jobs_running_idx" in _index_names(nodes), (filters, nodes)
         assert _seq_scans(nodes) == [], (filters, nodes)
@@ -110,7 +142,7 @@ def test_common_and_combined_filters_never_scan_the_table(seeded_dsn: str) -> No
     happen is a scan of the table, or a sort of many matching rows (a rare combination
     may be found through two indexes and its few rows sorted)."""
     for filters in (
-        {"queue": "other"},
+        {"queue": "other", "floor": 20_000},
         {"state": "succeeded"},
         {"state": "dead", "queue": "rare-q"},
         {"state": "dead", "type": "rare", "queue": "rare-q"},

@@ -1,21 +1,47 @@
 """GET /jobs lists running jobs from a branch of its own (migration 0016: the listing
-indexes hold no running job). The merged page must be exactly what one scan of the
-table would give: every filter combination, every page, against a naive query."""
+indexes hold no running job), and a listing by queue or type that can reach succeeded
+jobs reads a window of jobs per page (migration 0020). Followed cursor to cursor, the
+pages must be exactly what one scan of the table would give: every filter combination,
+with windows smaller than the table and larger, against a naive query."""
 
 from __future__ import annotations
 
 import itertools
 import random
 
-from deadman.db.queries import QUERIES
-from tests.factories import ALL_STATES, connect, insert_job
+import pytest
+
+from deadman import bounds
+from deadman.model import JobState
+from deadman.store import AsyncStore, ListParams
+from tests.factories import ALL_STATES, connect, insert_job, with_store
 
 STATES = (None, *ALL_STATES)
 QUEUES = (None, "q1", "q2")
 TYPES = (None, "t1", "t2")
 
 
-def test_every_filter_and_page_matches_a_plain_scan(db_dsn: str) -> None:
+async def _all_pages(store: AsyncStore, p: ListParams) -> tuple[list[int], list[int]]:
+    """Every id the listing gives, following next_before; and each page's size."""
+    got: list[int] = []
+    sizes: list[int] = []
+    before = None
+    for _ in range(1000):  # bounded: 120 jobs in windows of 5 are ~25 pages
+        page = await store.job_list(ListParams(p.limit, p.state, p.type, p.queue, before))
+        got += [j.id for j in page.jobs]
+        sizes.append(len(page.jobs))
+        if page.next_before is None:
+            return got, sizes
+        assert page.next_before < (before or 2**63), "a cursor must move down"
+        before = page.next_before
+    raise AssertionError(f"the listing {p} did not end")
+
+
+@pytest.mark.parametrize("window", [5, 37, 100_000])
+def test_every_filter_and_page_matches_a_plain_scan(
+    db_dsn: str, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bounds, "LIST_WINDOW", window)
     rng = random.Random(16)
     with connect(db_dsn) as conn:
         for _ in range(120):
@@ -26,7 +52,10 @@ def test_every_filter_and_page_matches_a_plain_scan(db_dsn: str) -> None:
                 type=rng.choice(TYPES[1:]),
             )
         rows = conn.execute("SELECT id, state, queue, type FROM deadman.jobs").fetchall()
-        assert {r["state"] for r in rows} == set(ALL_STATES)
+    assert {r["state"] for r in rows} == set(ALL_STATES)
+
+    async def check(store: AsyncStore) -> list[int]:
+        short_with_more = []
         for state, queue, type_ in itertools.product(STATES, QUEUES, TYPES):
             want = sorted(
                 (
@@ -38,21 +67,43 @@ def test_every_filter_and_page_matches_a_plain_scan(db_dsn: str) -> None:
                 ),
                 reverse=True,
             )
-            got: list[int] = []
-            before = None
-            while True:  # pages of 7, keyset by id as the API pages
-                params = {
-                    "state": state,
-                    "type": type_,
-                    "queue": queue,
-                    "before": before,
-                    "limit": 7,
-                }
-                page = [
-                    int(r["id"]) for r in conn.execute(QUERIES["job_list"], params, prepare=False)
-                ]
-                got += page
-                if len(page) < 7:
-                    break
-                before = page[-1]
+            p = ListParams(7, JobState(state) if state else None, type_, queue)
+            got, sizes = await _all_pages(store, p)
             assert got == want, (state, queue, type_)
+            if not p.windowed:  # served by an index: full pages until the last
+                assert all(n == 7 for n in sizes[:-1]), (state, queue, type_, sizes)
+            short_with_more += [n for n in sizes[:-1] if n < 7]
+        return short_with_more
+
+    short_with_more = with_store(db_dsn, check)
+    if window < 120:  # the windows cut the table: some page came back short, not last
+        assert short_with_more, "no windowed page was short"
+    else:
+        assert short_with_more == []
+
+
+def test_which_listings_are_windowed() -> None:
+    assert ListParams(50, queue="q").windowed
+    assert ListParams(50, type="t", state=JobState.SUCCEEDED).windowed
+    assert not ListParams(50, queue="q", state=JobState.DEAD).windowed
+    assert not ListParams(50, state=JobState.SUCCEEDED).windowed
+    assert not ListParams(50).windowed
+
+
+def test_ids_left_empty_cost_no_pages(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window counts jobs, not ids: after retention deleted a long run of ids, a
+    rare queue's listing still reaches its oldest job in a few pages."""
+    monkeypatch.setattr(bounds, "LIST_WINDOW", 10)
+    with connect(db_dsn) as conn:
+        old = insert_job(conn, queue="rare", state="succeeded").id
+        conn.execute("SELECT setval('deadman.jobs_id_seq', 1000000)")
+        for _ in range(25):
+            insert_job(conn, queue="busy", state="succeeded")
+        new = insert_job(conn, queue="rare", state="succeeded").id
+
+    async def pages(store: AsyncStore) -> tuple[list[int], list[int]]:
+        return await _all_pages(store, ListParams(50, queue="rare"))
+
+    got, sizes = with_store(db_dsn, pages)
+    assert got == [new, old]
+    assert len(sizes) == 3, sizes  # 27 jobs in windows of 10

@@ -21,7 +21,7 @@ from deadman.api.openapi.common import (
     _ref,
 )
 from deadman.api.openapi.operations import _listing, _ok, _on_job, _op, _pause_resume
-from deadman.bounds import ID_PATTERN, WAIT_MS_MAX
+from deadman.bounds import ID_PATTERN, LIST_WINDOW, WAIT_MS_MAX
 from deadman.store import FINISHED_COUNT_CAP
 
 
@@ -46,8 +46,12 @@ def _paths() -> dict[str, Any]:
                 "List jobs, newest first",
                 _ok(_ref("JobPage"), "A page of jobs."),
                 *_BY_NAME,
-                description="Keyset pagination: pass `next_cursor` back as `cursor`. Each "
-                "filter is served by an index, whatever the table size.",
+                description="Keyset pagination: pass `next_cursor` back as `cursor` until it "
+                "is null. Filtered by a state other than `succeeded`, or not filtered, a page "
+                "is served by an index and is full unless it is the last. Filtered by `queue` "
+                "or `type` without a state (or with `succeeded`), a page looks through a "
+                f"window of the {LIST_WINDOW:,} jobs below its cursor: it may hold "
+                "fewer jobs than `limit` (even none) while `next_cursor` leads to older ones.",
                 parameters=[
                     {"name": "state", "in": "query", "schema": {"enum": STATES}},
                     {"name": "type", "in": "query", "schema": _NAME},

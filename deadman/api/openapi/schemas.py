@@ -224,7 +224,10 @@ def _schemas() -> dict[str, Any]:
                 "jobs": {"type": "array", "items": _ref("Job")},
                 "next_cursor": {
                     "type": ["string", "null"],
-                    "description": "Pass as `cursor` for the next (older) page; null on the last.",
+                    "description": (
+                        "Pass as `cursor` for the next (older) page; null on the last. A "
+                        "page filtered by queue or type may be short and still have one."
+                    ),
                 },
             },
             "required": ["jobs", "next_cursor"],

@@ -113,15 +113,16 @@ async def _listing(request: Request, template: str, title: str, state: JobState 
     params = ListParams(
         limit=PAGE_SIZE, state=state, type=type_, queue=queue, before_id=_before(request)
     )
-    found = [job_json(j) for j in await api_state(request).store.job_list(params)]
+    listed = await api_state(request).store.job_list(params)
+    found = [job_json(j) for j in listed.jobs]
     older = None
-    if len(found) == PAGE_SIZE:
+    if listed.next_before is not None:
         older = url(
             request.url.path,
             state=state.value if state and request.url.path == "/ui/jobs" else None,
             type=type_,
             queue=queue,
-            before=found[-1]["id"],
+            before=listed.next_before,
         )
     scope = " and ".join(f"{k} {v}" for k, v in (("type", type_), ("queue", queue)) if v)
     return page(
