@@ -93,7 +93,7 @@ def test_a_windowed_listing_reads_no_further_than_its_window(seeded_dsn: str) ->
     window = 5_000
     with connect(seeded_dsn) as conn:
         for filters in ({"queue": "rare-q"}, {"type": "rare"}, {"queue": "nowhere"}):
-            params = {"state": None, "type": None, "queue": None, "limit": 51}
+            params: dict[str, Any] = {"state": None, "type": None, "queue": None, "limit": 51}
             params.update(filters, before=30_000, floor=30_000 - window)
             row = conn.execute(
                 sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(QUERIES["job_list"]),
