@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from rich.table import Table
 from rich.text import Text
 
-from deadman import cli_args
+from deadman import bounds, cli_args
 from deadman.api.routes_ops import queue_json, stats_json
 from deadman.api.serialize import attempt_json, job_json, worker_json
 from deadman.cli_tables import (
@@ -99,6 +99,10 @@ def _list(args: argparse.Namespace, state: JobState | None, title: str) -> int:
         console().print(jobs_table(page.jobs, f"{title} (newest first, {len(page.jobs)} shown)"))
         if page.next_before is not None:
             print(f"next page: --before {page.next_before}")
+            if len(page.jobs) < args.limit:  # a windowed listing (DECISIONS 79)
+                print(
+                    f"(this page looked through the {bounds.LIST_WINDOW:,} jobs below its cursor)"
+                )
     return OK
 
 

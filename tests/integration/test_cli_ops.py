@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from deadman import bounds
 from deadman.cli import main
 from tests.factories import connect, insert_job, with_store
 
@@ -54,6 +55,33 @@ def test_jobs_ls_filters_pages_and_tables(db_dsn: str, capsys: pytest.CaptureFix
     code, out, _ = run(capsys, "jobs", "ls", "--queue", "q2", "--database-url", db_dsn)
     assert code == 0
     assert str(dead) in out and "pdf" in out and "boom" in out and "mail" not in out
+
+
+def test_jobs_ls_by_queue_follows_its_windows(
+    db_dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing by queue reads LIST_WINDOW jobs per page (DECISIONS 79): a short page
+    says so and gives the cursor onward, in text and in --json (next_before)."""
+    monkeypatch.setattr(bounds, "LIST_WINDOW", 3)
+    with connect(db_dsn) as conn:
+        rare = insert_job(conn, queue="rare", state="succeeded").id
+        for _ in range(5):
+            insert_job(conn, queue="busy", state="succeeded")
+    code, out, _ = run(capsys, "jobs", "ls", "--queue", "rare", "--database-url", db_dsn)
+    assert code == 0 and "0 shown" in out
+    assert "next page: --before" in out and "looked through the 3 jobs" in out
+    seen: list[str] = []
+    before: list[str] = []
+    for _ in range(3):  # 6 jobs in windows of 3
+        body = run_json(capsys, db_dsn, "jobs", "ls", "--queue", "rare", *before)
+        assert isinstance(body, dict)
+        seen += [j["id"] for j in body["jobs"]]
+        if body["next_before"] is None:
+            break
+        before = ["--before", str(body["next_before"])]
+    else:
+        raise AssertionError("the listing did not end in 3 pages")
+    assert seen == [str(rare)]
 
 
 def test_jobs_show_cancel_retry_and_exit_codes(

@@ -5,8 +5,13 @@ replay, cancel and pause actions."""
 
 from __future__ import annotations
 
-import httpx
+import html
+import re
 
+import httpx
+import pytest
+
+from deadman import bounds
 from deadman.api.auth import SESSION_COOKIE, SESSION_TTL_S
 from tests.factories import connect, insert_job, job_row
 from tests.helpers.api import client, make_app, serve
@@ -107,6 +112,29 @@ def test_keyset_pages(db_dsn: str) -> None:
         assert f"before={ids[5]}" in first  # 50 newest shown; the next page starts below
         second = c.get(f"/ui/dead?queue=q&before={ids[5]}").text
         assert f'/ui/jobs/{ids[0]}"' in second and "older →" not in second
+
+
+def test_a_windowed_page_says_it_may_be_short(db_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing by queue reads LIST_WINDOW jobs per page (DECISIONS 79): a rare queue's
+    first page may be empty; it says why and links on until the job is found."""
+    monkeypatch.setattr(bounds, "LIST_WINDOW", 5)
+    with connect(db_dsn) as conn:
+        rare = insert_job(conn, queue="rare", state="succeeded").id
+        for _ in range(12):
+            insert_job(conn, queue="busy", state="succeeded")
+    with serve(make_app(db_dsn)) as base, client(base) as c:
+        path = "/ui/jobs?queue=rare"
+        for _ in range(4):  # 13 jobs in windows of 5: the third page has it
+            text = c.get(path).text
+            if f'/ui/jobs/{rare}"' in text:
+                break
+            assert "no jobs" in text and "looked through the 5 jobs below it" in text
+            found = re.search(r'href="(/ui/jobs\?[^"]*before=\d+)">older', text)
+            assert found is not None, text
+            path = html.unescape(found.group(1))
+        else:
+            raise AssertionError("the rare queue's job was never listed")
+        assert "older →" not in text and "looked through" not in text
 
 
 def test_bulk_replay_by_type_then_all(db_dsn: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deadman import bounds
 from deadman.api.routes_ops import LIVE_STATES, queue_json, stats_json
 from deadman.api.schema import parse_id
 from deadman.api.serialize import (
@@ -132,6 +133,8 @@ async def _listing(request: Request, template: str, title: str, state: JobState 
         scope=scope,
         jobs=found,
         older=older,
+        # a windowed listing's page (DECISIONS 79) may be short with older matches
+        window=bounds.LIST_WINDOW if older is not None and len(found) < PAGE_SIZE else None,
         states=STATES,
         state=state.value if state else None,
         # the filter fields show what was typed, valid or not (escaped like all else)
