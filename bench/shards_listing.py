@@ -43,8 +43,14 @@ SHAPES = ("one shard", "3 shards, in series", "3 shards, concurrent")
 
 
 def _params(state: str | None) -> dict[str, Any]:
-    params = {"state": state, "type": None, "queue": None, "before": None, "floor": None}
-    return {**params, "limit": PAGE}
+    return {
+        "state": state,
+        "type": None,
+        "queue": None,
+        "before": None,
+        "floor": None,
+        "limit": PAGE,
+    }
 
 
 def _merged(pages: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -99,7 +99,7 @@ def _list(args: argparse.Namespace, state: JobState | None, title: str) -> int:
         console().print(jobs_table(page.jobs, f"{title} (newest first, {len(page.jobs)} shown)"))
         if page.next_before is not None:
             print(f"next page: --before {page.next_before}")
-            if len(page.jobs) < args.limit:  # a windowed listing (DECISIONS 79)
+            if page.window_ended:
                 print(
                     f"(this page looked through the {bounds.LIST_WINDOW:,} jobs below its cursor)"
                 )

@@ -47,6 +47,9 @@ class JobPage:
     jobs: list[Job]
     #: the cursor of the next page (its before_id); None: this was the last
     next_before: int | None
+    #: the page ended at its window (migration 0020), not because it was full: it may
+    #: be short, even empty, while older matching jobs exist
+    window_ended: bool = False
 
 
 def job_page(found: list[Job], limit: int, floor: int | None) -> JobPage:
@@ -57,7 +60,7 @@ def job_page(found: list[Job], limit: int, floor: int | None) -> JobPage:
     page = found[:limit]
     if len(found) > limit:
         return JobPage(page, page[-1].id)
-    return JobPage(page, floor)
+    return JobPage(page, floor, window_ended=floor is not None)
 
 
 def throughput_series(rows: Sequence[Mapping[str, Any]], minutes: int) -> dict[str, list[int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -27,9 +28,13 @@ async def _all_pages(store: AsyncStore, p: ListParams) -> tuple[list[int], list[
     sizes: list[int] = []
     before = None
     for _ in range(1000):  # bounded: 120 jobs in windows of 5 are ~25 pages
-        page = await store.job_list(ListParams(p.limit, p.state, p.type, p.queue, before))
+        page = await store.job_list(replace(p, before_id=before))
         got += [j.id for j in page.jobs]
         sizes.append(len(page.jobs))
+        if page.next_before is not None and len(page.jobs) < p.limit:
+            assert page.window_ended, "a short page with a cursor onward ended at its window"
+        if page.window_ended:
+            assert p.windowed and page.next_before is not None
         if page.next_before is None:
             return got, sizes
         assert page.next_before < (before or 2**63), "a cursor must move down"

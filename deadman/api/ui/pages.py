@@ -133,8 +133,7 @@ async def _listing(request: Request, template: str, title: str, state: JobState 
         scope=scope,
         jobs=found,
         older=older,
-        # a windowed listing's page (DECISIONS 79) may be short with older matches
-        window=bounds.LIST_WINDOW if older is not None and len(found) < PAGE_SIZE else None,
+        window=bounds.LIST_WINDOW if listed.window_ended else None,
         states=STATES,
         state=state.value if state else None,
         # the filter fields show what was typed, valid or not (escaped like all else)
