@@ -237,6 +237,7 @@ def measure(
     """One mode against a running server, with its CPU split and its verification:
     every acknowledged id stored once, no row that was not acknowledged."""
     spy = _py_spy(server.pid, profile) if profile is not None else None
+    groups0 = group_commits(base)
     try:
         cpu0 = common.cpu_snapshot([server.pid])
         phase = run_mode(base, seconds, clients, mode, client)
@@ -245,6 +246,8 @@ def measure(
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
+    groups1 = group_commits(base)
+    groups, grouped = groups1[0] - groups0[0], groups1[1] - groups0[1]
     acked = len(phase["ids"])
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -286,9 +289,26 @@ def measure(
             k: round(v * phase["elapsed_s"] / acked * 1e6, 1) if acked else None
             for k, v in cpu.items()
         },
+        # POST /jobs's group commits during the mode (deadman_api_group_commit_size):
+        # how many statements wrote the single submissions, and their mean size
+        "group_commits": groups,
+        "mean_group": round(grouped / groups, 2) if groups else None,
         "verify": verify,
         "ok": verify["ok"],
     }
+
+
+def group_commits(base: str) -> tuple[int, int]:
+    """The server's group commits so far and the submissions they wrote, from its
+    /metrics (deadman_api_group_commit_size's count and sum)."""
+    text = httpx.get(base + "/metrics", timeout=10.0).text
+    found = {"count": 0.0, "sum": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for part in found:
+            if name == f"deadman_api_group_commit_size_{part}":
+                found[part] = float(value)
+    return int(found["count"]), int(found["sum"])
 
 
 def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -455,7 +475,7 @@ def main() -> None:
     else:
         print(
             f"{'mode':<8} {'jobs/s':>9} {'requests/s':>11} {'acknowledged':>13} {'non-201':>8}"
-            " ok   cores (server/postgres/clients/others)"
+            " ok   cores (server/postgres/clients/others)  mean group"
         )
         for r in doc["results"]:
             c = r["cpu_cores"]
@@ -463,6 +483,7 @@ def main() -> None:
                 f"{r['mode']:<8} {r['jobs_per_s']:>9.0f} {r['requests_per_s']:>11.0f} "
                 f"{r['acknowledged']:>13} {r['non_201']:>8} {r['ok']!s:<5}"
                 f"{c['server']:.2f}/{c['postgres']:.2f}/{c['clients']:.2f}/{c['others']:.2f}"
+                f"  {r['mean_group']}"
             )
     if not doc["ok"]:
         raise SystemExit("verification failed")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from deadman import logs
+from deadman.api.telemetry import GROUP_SIZE
 from deadman.errors import DatabaseUnavailable, DuplicateKey, InvalidJob
 from deadman.model import Job
 from deadman.store import AsyncStore, NewJob
@@ -168,6 +169,7 @@ class GroupCommit:
             return
         self.groups += 1
         self.grouped += len(group)
+        GROUP_SIZE.observe(len(group))
         for item, row in zip(group, rows, strict=True):
             if not item.future.done():
                 item.future.set_result(row)

@@ -30,6 +30,15 @@ LATENCY = Histogram(
     ["route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+#: How many POST /jobs submissions each group commit wrote in one statement and one
+#: WAL flush (deadman.api.group_commit): ones mean each request paid a commit of its
+#: own; the mean (``_sum / _count``) is what the server's CPU and the disk's flushes
+#: are shared by. Groups written again row by row (a row was refused) are not counted.
+GROUP_SIZE = Histogram(
+    "deadman_api_group_commit_size",
+    "POST /jobs submissions written together in one statement and one commit",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 
 #: The method label's values, with "other" for every other token a client sends.
 METHODS = frozenset(

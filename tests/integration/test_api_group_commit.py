@@ -153,9 +153,11 @@ def test_a_burst_of_mixed_submissions_each_gets_its_own_answer(db_dsn: str) -> N
             wait_for(
                 lambda: gc.waiting == reach_a_group, 15, message="the burst to wait for a group"
             )
-            groups_before = gc.groups
+            groups_before, grouped_before = gc.groups, gc.grouped
+            seen_before = group_sizes(base)
             holder.rollback()  # the first group goes on; the burst follows it
             got = burst.join()
+            seen = group_sizes(base)
 
     first = got.pop("first")
     assert first.status_code == 201, first.text
@@ -201,6 +203,29 @@ def test_a_burst_of_mixed_submissions_each_gets_its_own_answer(db_dsn: str) -> N
     # the next group), then those two
     assert gc.groups - groups_before <= 4
     assert gc.grouped >= 1 + 16 + 3 + 2 + 2
+    # /metrics shows the same groups: how many, how many submissions, and that the
+    # burst's big group is above the smallest buckets
+    assert seen["count"] - seen_before["count"] == gc.groups - groups_before
+    assert seen["sum"] - seen_before["sum"] == gc.grouped - grouped_before
+    assert seen["le=16"] - seen_before["le=16"] < seen["count"] - seen_before["count"]
+
+
+def group_sizes(base: str) -> dict[str, float]:
+    """deadman_api_group_commit_size as GET /metrics shows it: count, sum and the
+    cumulative buckets by their bound ("le=16")."""
+    with client(base) as c:
+        text = c.get("/metrics").text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == "deadman_api_group_commit_size_count":
+            found["count"] = float(value)
+        elif name == "deadman_api_group_commit_size_sum":
+            found["sum"] = float(value)
+        elif name.startswith('deadman_api_group_commit_size_bucket{le="'):
+            bound = name.removeprefix('deadman_api_group_commit_size_bucket{le="')
+            found["le=" + bound.removesuffix('"}').removesuffix(".0")] = float(value)
+    return found
 
 
 def test_a_row_the_database_refuses_fails_only_its_own_request(db_dsn: str) -> None:
