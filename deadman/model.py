@@ -265,51 +265,105 @@ class Job:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
-        """The job a row of deadman.jobs describes (as the claim, reads and listings
-        return them). Every claimed job passes through here, so the instance's
-        ``__dict__`` is filled in one step rather than through the frozen dataclass's
-        ``__init__`` (one ``object.__setattr__`` per field: 30 of them); the result is
-        the same frozen, comparable object, checked field for field against
-        ``__init__`` by tests/unit/test_model.py."""
-        get = row.get
-        token = get("lease_token")
-        lease = None
-        if token is not None:
-            lease = Lease(get("lease_worker") or "", int(token), row["lease_expires_at"])
-        workflow_id = get("workflow_id")
-        job = object.__new__(cls)
+        """The job a row of deadman.jobs describes (as the reads and listings return
+        them), through the same :class:`JobReader` the claims use."""
+        return reader_for(tuple(row))(tuple(row.values()))
+
+
+#: The columns of deadman.jobs a Job is made from, in JobReader's order; the first
+#: nine must be in every row read (the others may be left out: None, or their
+#: default).
+JOB_COLUMNS = (
+    "id", "type", "queue", "priority", "state", "attempt", "max_attempts", "run_at",
+    "created_at",
+    "payload", "rescues", "backoff", "timeout_ms", "started_at", "finished_at",
+    "idempotency_key", "lease_token", "lease_worker", "lease_expires_at", "last_error",
+    "result", "cancel_requested", "request_hash", "workflow_id", "node", "pending_deps",
+    "start_by", "deadline", "heartbeat_timeout_ms", "limit_key", "trace_context",
+)  # fmt: skip
+_REQUIRED = 9
+
+
+class JobReader:
+    """Jobs from rows of deadman.jobs given as sequences of values, for one shape of
+    result (``names``: its columns, in order, as the cursor describes them): where
+    each column is, looked up once per result rather than once per row. Every job a
+    worker claims goes through here (a tuple per row, no dict: DECISIONS 80), so the
+    instance's ``__dict__`` is filled in one step rather than through the frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field: 30 of them); the
+    result is the same frozen, comparable object, checked field for field against
+    ``__init__`` by tests/unit/test_model.py. A required column missing from
+    ``names`` is a KeyError here, as it was reading the row."""
+
+    __slots__ = ("_at", "_pad")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        at = {name: i for i, name in enumerate(names)}
+        for name in JOB_COLUMNS[:_REQUIRED]:
+            if name not in at:
+                raise KeyError(name)
+        # A column left out reads the None appended after the row's own values.
+        self._pad = any(name not in at for name in JOB_COLUMNS)
+        absent = len(names)
+        self._at = tuple(at.get(name, absent) for name in JOB_COLUMNS)
+
+    def __call__(self, values: Sequence[Any]) -> Job:
+        v = (*values, None) if self._pad else values
+        (i_id, i_type, i_queue, i_priority, i_state, i_attempt, i_max_attempts, i_run_at,
+         i_created_at, i_payload, i_rescues, i_backoff, i_timeout_ms, i_started_at,
+         i_finished_at, i_key, i_token, i_worker, i_expires, i_last_error, i_result,
+         i_cancel, i_hash, i_workflow, i_node, i_deps, i_start_by, i_deadline,
+         i_heartbeat, i_limit_key, i_trace) = self._at  # fmt: skip
+        token = v[i_token]
+        lease = None if token is None else Lease(v[i_worker] or "", int(token), v[i_expires])
+        workflow_id = v[i_workflow]
+        job = object.__new__(Job)
         job.__dict__.update(
-            id=int(row["id"]),
-            type=row["type"],
-            queue=row["queue"],
-            priority=int(row["priority"]),
-            payload=get("payload"),
-            state=_STATES[row["state"]],
-            attempt=int(row["attempt"]),
-            max_attempts=int(row["max_attempts"]),
-            rescues=int(get("rescues") or 0),
-            backoff=Backoff.from_json(get("backoff")),
-            timeout_ms=get("timeout_ms"),
-            run_at=row["run_at"],
-            created_at=row["created_at"],
-            started_at=get("started_at"),
-            finished_at=get("finished_at"),
-            idempotency_key=get("idempotency_key"),
+            id=int(v[i_id]),
+            type=v[i_type],
+            queue=v[i_queue],
+            priority=int(v[i_priority]),
+            payload=v[i_payload],
+            state=_STATES[v[i_state]],
+            attempt=int(v[i_attempt]),
+            max_attempts=int(v[i_max_attempts]),
+            rescues=int(v[i_rescues] or 0),
+            backoff=Backoff.from_json(v[i_backoff]),
+            timeout_ms=v[i_timeout_ms],
+            run_at=v[i_run_at],
+            created_at=v[i_created_at],
+            started_at=v[i_started_at],
+            finished_at=v[i_finished_at],
+            idempotency_key=v[i_key],
             lease=lease,
-            last_error=get("last_error"),
-            result=get("result"),
-            cancel_requested=bool(get("cancel_requested") or False),
-            request_hash=get("request_hash"),
+            last_error=v[i_last_error],
+            result=v[i_result],
+            cancel_requested=bool(v[i_cancel] or False),
+            request_hash=v[i_hash],
             workflow_id=None if workflow_id is None else int(workflow_id),
-            node=get("node"),
-            pending_deps=int(get("pending_deps") or 0),
-            start_by=get("start_by"),
-            deadline=get("deadline"),
-            heartbeat_timeout_ms=get("heartbeat_timeout_ms"),
-            limit_key=get("limit_key"),
-            trace_context=get("trace_context"),
+            node=v[i_node],
+            pending_deps=int(v[i_deps] or 0),
+            start_by=v[i_start_by],
+            deadline=v[i_deadline],
+            heartbeat_timeout_ms=v[i_heartbeat],
+            limit_key=v[i_limit_key],
+            trace_context=v[i_trace],
         )
         return job
+
+
+_READERS: dict[tuple[str, ...], JobReader] = {}
+
+
+def reader_for(names: tuple[str, ...]) -> JobReader:
+    """The JobReader of rows with these columns, made once per shape (a handful:
+    the statements' RETURNING lists; bounded all the same)."""
+    found = _READERS.get(names)
+    if found is None:
+        found = JobReader(names)
+        if len(_READERS) < 256:
+            _READERS[names] = found
+    return found
 
 
 class WorkflowState(enum.StrEnum):

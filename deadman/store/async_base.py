@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, LiteralString, Self, TypeVar
 
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, tuple_row
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
@@ -27,6 +27,11 @@ from deadman.store.conn import AsyncConn
 from deadman.store.plan import Plan, run_async
 
 R = TypeVar("R")
+
+
+def column_names(cur: Any) -> tuple[str, ...]:
+    """The names of the columns ``cur``'s last statement returned (none: empty)."""
+    return tuple(c.name for c in cur.description or ())
 
 
 class AsyncBase:
@@ -111,6 +116,13 @@ class AsyncBase:
                 return await attempt()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _tuples(
+        self, name: LiteralString, params: dict[str, Any], retry_s: float | None = None
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        """As :meth:`_all`, with each row a tuple and the column names once: a claim's
+        rows, read by a :class:`deadman.model.JobReader` without a dict per row."""
+        return await self._retried(lambda: self._once_tuples(name, params), retry_s)
+
     async def _once(
         self, name: LiteralString, params: dict[str, Any], prepare: bool | None
     ) -> list[DictRow]:
@@ -118,3 +130,12 @@ class AsyncBase:
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES[name], params, prepare=prepare)
                 return await cur.fetchall() if cur.description else []
+
+    async def _once_tuples(
+        self, name: LiteralString, params: dict[str, Any]
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        with translate():
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(QUERIES[name], params)
+                return column_names(cur), await cur.fetchall()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psycopg.rows import DictRow
+from psycopg.rows import tuple_row
 
 from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
@@ -18,8 +18,9 @@ from deadman.model import (
     Job,
     JobState,
     check_transition,
+    reader_for,
 )
-from deadman.store.async_base import AsyncBase
+from deadman.store.async_base import AsyncBase, column_names
 from deadman.store.conn import AsyncConn
 from deadman.store.reads import _ms
 
@@ -149,8 +150,8 @@ class LeaseStore(AsyncBase):
     # -- the worker's path ---------------------------------------------------------
 
     async def job_claim(self, p: ClaimParams, retry_s: float | None = None) -> list[Job]:
-        rows = await self._all("job_claim", claim_params(p), retry_s)
-        return await self._readable(rows)
+        names, rows = await self._tuples("job_claim", claim_params(p), retry_s)
+        return await self._readable(names, rows)
 
     async def job_claim_left(self, queue: str, quarantine_at: int) -> ClaimLeft:
         """After a claim that was not full: claim again at once, or sleep how long?"""
@@ -161,27 +162,30 @@ class LeaseStore(AsyncBase):
         self, p: ClaimParams, retry_s: float | None = None
     ) -> list[Job]:
         """At most one quarantined job; only for a worker that holds nothing else."""
-        rows = await self._all("job_claim_quarantined", quarantine_claim_params(p), retry_s)
-        return await self._readable(rows)
+        names, rows = await self._tuples(
+            "job_claim_quarantined", quarantine_claim_params(p), retry_s
+        )
+        return await self._readable(names, rows)
 
-    async def _readable(self, rows: Sequence[DictRow]) -> list[Job]:
-        """The claimed rows as jobs. A row this code cannot read (a backoff or payload
-        written by hand, or by a newer version) ends dead at once, fenced by the
-        token just taken, with the reason; its batch-mates are claimed as usual.
-        Raising instead lost the whole batch's claim to the rescuer, a rescue
-        counted against every job in it."""
+    async def _readable(self, names: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[Job]:
+        """The claimed rows (tuples, columns ``names``) as jobs. A row this code cannot
+        read (a backoff or payload written by hand, or by a newer version) ends dead
+        at once, fenced by the token just taken, with the reason; its batch-mates are
+        claimed as usual. Raising instead lost the whole batch's claim to the rescuer,
+        a rescue counted against every job in it."""
         jobs: list[Job] = []
         broken: list[Finish] = []
+        read = reader_for(names)
         for r in rows:
             try:
-                jobs.append(Job.from_row(r))
+                jobs.append(read(r))
             except Exception as exc:
                 error = f"the job row cannot be read by this worker: {exc!r}"[:2000]
                 outcome = AttemptOutcome.FAILED
                 broken.append(
                     Finish(
-                        int(r["id"]),
-                        int(r["lease_token"]),
+                        int(r[names.index("id")]),
+                        int(r[names.index("lease_token")]),
                         JobState.DEAD,
                         outcome,
                         error=error,
@@ -222,12 +226,12 @@ class LeaseStore(AsyncBase):
             raise ValueError("job_finish_claim claims unkeyed jobs only (ClaimParams.keyed)")
         with translate():
             async with self.pool.connection() as conn:
-                cur = await conn.execute(
-                    QUERIES["job_finish_claim"], refill_params(finishes, claim)
-                )
-                rows = await cur.fetchall()
-        done = {int(r["finished"]) for r in rows if r["finished"] is not None}
-        return done, await self._readable([r for r in rows if r["finished"] is None])
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(QUERIES["job_finish_claim"], refill_params(finishes, claim))
+                names, rows = column_names(cur), await cur.fetchall()
+        at = names.index("finished")
+        done = {int(r[at]) for r in rows if r[at] is not None}
+        return done, await self._readable(names, [r for r in rows if r[at] is None])
 
     async def job_finish_in(
         self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS

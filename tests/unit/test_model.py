@@ -20,13 +20,16 @@ from hypothesis import strategies as st
 from deadman.errors import IllegalTransition, InvalidJob
 from deadman.model import (
     DEFAULT_BACKOFF,
+    JOB_COLUMNS,
     AttemptOutcome,
     Backoff,
     Job,
+    JobReader,
     JobState,
     Lease,
     can_transition,
     check_transition,
+    reader_for,
     validate_queue,
     validate_type,
 )
@@ -352,3 +355,36 @@ def test_job_from_row_fills_every_field_as_init_would() -> None:
     assert set(job.__dict__) == set(values)
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.id = 1  # type: ignore[misc]
+
+
+def test_job_reader_reads_tuples_in_any_column_order_as_from_row_does() -> None:
+    """The claims read their rows as tuples (JobReader, one per result's columns):
+    the same Job as from_row gives for the same row as a dict, whatever the columns'
+    order, with columns that are not the job's (the refill's ``finished``) ignored."""
+    now = datetime.now(UTC)
+    row: dict[str, Any] = {name: None for name in JOB_COLUMNS}
+    row.update(
+        id=11, type="t", queue="q", priority=-2, state="running", attempt=1,
+        max_attempts=4, run_at=now, created_at=now, payload={"p": [1, 2]}, rescues=3,
+        backoff={"strategy": "fixed", "base_ms": 7}, timeout_ms=9, started_at=now,
+        idempotency_key="k", lease_token=88, lease_worker="w", lease_expires_at=now,
+        cancel_requested=False, workflow_id=5, node="n", pending_deps=0, limit_key="lk",
+        trace_context={"traceparent": "tp"}, finished="ignored",
+    )  # fmt: skip
+    names = list(row)
+    for order in (names, names[::-1], names[5:] + names[:5]):
+        values = tuple(row[name] for name in order)
+        assert JobReader(order)(values) == Job.from_row(row)
+    assert reader_for(tuple(names)) is reader_for(tuple(names))  # made once per shape
+
+
+def test_job_reader_fills_left_out_columns_and_refuses_a_missing_required_one() -> None:
+    now = datetime.now(UTC)
+    required = dict(zip(JOB_COLUMNS[:9], (1, "t", "q", 0, "queued", 0, 3, now, now), strict=True))
+    job = JobReader(list(required))(tuple(required.values()))
+    assert job == Job.from_row(required)
+    assert (job.payload, job.lease, job.rescues, job.pending_deps) == (None, None, 0, 0)
+    assert job.backoff == DEFAULT_BACKOFF and job.cancel_requested is False
+    for name in required:
+        with pytest.raises(KeyError, match=name):
+            JobReader([n for n in required if n != name])

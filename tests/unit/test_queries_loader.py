@@ -69,7 +69,7 @@ def test_the_shipped_file_loads() -> None:
 
 def _names_used(source: str) -> set[str]:
     used = set(re.findall(r"""QUERIES\[\s*["']([a-z0-9_]+)["']\s*\]""", source))
-    used |= set(re.findall(r"""\._all\(\s*["']([a-z0-9_]+)["']""", source))
+    used |= set(re.findall(r"""\._(?:all|tuples)\(\s*["']([a-z0-9_]+)["']""", source))
     return used
 
 

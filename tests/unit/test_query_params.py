@@ -3,7 +3,7 @@
 psycopg raises when a placeholder has no value, but a key the query does not use is
 ignored in silence: a renamed placeholder then leaves its value behind and the
 query's own default (or NULL) goes to Postgres. So this test reads the package's
-source (ast), finds every ``self._all("name", ...)`` / ``_once``, every plan step
+source (ast), finds every ``self._all("name", ...)`` / ``_once`` / ``_tuples``, every plan step
 ``Query("name", ...)`` (deadman.store.plan) and every ``execute(QUERIES["name"], ...)``,
 and compares the keys passed with the
 ``%(placeholders)s`` of the query:
@@ -101,6 +101,10 @@ UNCHECKED = {
 }
 
 
+#: the store's methods that run a named query given as their first argument
+RUNNERS = {"_all", "_once", "_tuples", "_once_tuples"}
+
+
 def _args(call: ast.Call) -> list[ast.expr]:
     """The call's (name, params) arguments."""
     return call.args
@@ -114,7 +118,7 @@ def _query_name(call: ast.Call) -> str | None:
     func = call.func
     is_step = isinstance(func, ast.Name) and func.id == "Query"
     if (
-        (is_step or (isinstance(func, ast.Attribute) and func.attr in {"_all", "_once"}))
+        (is_step or (isinstance(func, ast.Attribute) and func.attr in RUNNERS))
         and isinstance(first, ast.Constant)
         and isinstance(first.value, str)
     ):
@@ -124,7 +128,7 @@ def _query_name(call: ast.Call) -> str | None:
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             return key.value
         return "<name>"
-    if isinstance(func, ast.Attribute) and func.attr in {"_all", "_once"}:
+    if isinstance(func, ast.Attribute) and func.attr in RUNNERS:
         return "<name>"
     return None
 
