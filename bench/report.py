@@ -1027,8 +1027,11 @@ def _http(data: dict[str, Any], w: Any) -> None:
         f"Server: {ht['server']}; {ht['clients']} client threads (unless the row says "
         f"more), each with one keep-alive connection, {ht['seconds']:g} s per mode.\n"
     )
-    w("| mode | jobs/s | requests/s | acknowledged | non-201 | each acked job stored once |")
-    w("|---|---|---|---|---|---|")
+    w(
+        "| mode | jobs/s | requests/s | acknowledged | non-201 | mean group commit "
+        "| each acked job stored once |"
+    )
+    w("|---|---|---|---|---|---|---|")
     for r in ht["results"]:
         v = r["verify"]
         ok = (
@@ -1038,16 +1041,21 @@ def _http(data: dict[str, Any], w: Any) -> None:
             f"{v['rows_in_table']} for {v['acknowledged_so_far']} acked, codes "
             f"{v['non_201_codes']})"
         )
+        group = r.get("mean_group")
         w(
             f"| {r['label']} | {_f(r['jobs_per_s'])} | {_f(r['requests_per_s'])} | "
-            f"{r['acknowledged']:,} | {r['non_201']} | {ok} |"
+            f"{r['acknowledged']:,} | {r['non_201']} | {'n/a' if group is None else group} "
+            f"| {ok} |"
         )
     by = {r["mode"]: r for r in ht["results"]}
     if "plain" in by and "keyed" in by and by["plain"]["jobs_per_s"]:
         cost = 1 - by["keyed"]["jobs_per_s"] / by["plain"]["jobs_per_s"]
         w(
             f"\nThe Idempotency-Key changed single-submission throughput by {-cost:+.1%} in "
-            "this run. No peer offers an HTTP API, so there is no ratio.\n"
+            "this run. No peer offers an HTTP API, so there is no ratio. 'mean group commit': "
+            "single submissions per group commit (one statement, one WAL flush), from the "
+            "server's `deadman_api_group_commit_size` over the mode; n/a for the batch "
+            "endpoint, which does not use it.\n"
         )
     w("")
 
