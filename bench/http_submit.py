@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import common
 from deadman.db.migrate import migrate
@@ -302,13 +303,14 @@ def group_commits(base: str) -> tuple[int, int]:
     """The server's group commits so far and the submissions they wrote, from its
     /metrics (deadman_api_group_commit_size's count and sum)."""
     text = httpx.get(base + "/metrics", timeout=10.0).text
-    found = {"count": 0.0, "sum": 0.0}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        for part in found:
-            if name == f"deadman_api_group_commit_size_{part}":
-                found[part] = float(value)
-    return int(found["count"]), int(found["sum"])
+    name = "deadman_api_group_commit_size"
+    found = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for sample in family.samples
+    }
+    return int(found.get(f"{name}_count", 0)), int(found.get(f"{name}_sum", 0))
 
 
 def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:

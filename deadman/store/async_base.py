@@ -29,11 +29,6 @@ from deadman.store.plan import Plan, run_async
 R = TypeVar("R")
 
 
-def column_names(cur: Any) -> tuple[str, ...]:
-    """The names of the columns ``cur``'s last statement returned (none: empty)."""
-    return tuple(c.name for c in cur.description or ())
-
-
 class AsyncBase:
     """Async access for the worker and the API, over a connection pool.
 
@@ -120,7 +115,8 @@ class AsyncBase:
         self, name: LiteralString, params: dict[str, Any], retry_s: float | None = None
     ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
         """As :meth:`_all`, with each row a tuple and the column names once: a claim's
-        rows, read by a :class:`deadman.model.JobReader` without a dict per row."""
+        rows, read by a :class:`deadman.model.JobReader` without a dict per row.
+        ``retry_s=0``: tried once (a DatabaseUnavailable is raised as it comes)."""
         return await self._retried(lambda: self._once_tuples(name, params), retry_s)
 
     async def _once(
@@ -138,4 +134,5 @@ class AsyncBase:
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=tuple_row)
                 await cur.execute(QUERIES[name], params)
-                return column_names(cur), await cur.fetchall()
+                names = tuple(c.name for c in cur.description or ())
+                return names, await cur.fetchall()

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psycopg.rows import tuple_row
-
 from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
@@ -20,7 +18,7 @@ from deadman.model import (
     check_transition,
     reader_for,
 )
-from deadman.store.async_base import AsyncBase, column_names
+from deadman.store.async_base import AsyncBase
 from deadman.store.conn import AsyncConn
 from deadman.store.reads import _ms
 
@@ -224,11 +222,9 @@ class LeaseStore(AsyncBase):
         lapse to the rescuer, as a retried job_finish_many would."""
         if claim.keyed:
             raise ValueError("job_finish_claim claims unkeyed jobs only (ClaimParams.keyed)")
-        with translate():
-            async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute(QUERIES["job_finish_claim"], refill_params(finishes, claim))
-                names, rows = column_names(cur), await cur.fetchall()
+        names, rows = await self._tuples(
+            "job_finish_claim", refill_params(finishes, claim), retry_s=0
+        )
         at = names.index("finished")
         done = {int(r[at]) for r in rows if r[at] is not None}
         return done, await self._readable(names, [r for r in rows if r[at] is None])

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from deadman.api.group_commit import GroupCommit
@@ -215,16 +216,15 @@ def group_sizes(base: str) -> dict[str, float]:
     cumulative buckets by their bound ("le=16")."""
     with client(base) as c:
         text = c.get("/metrics").text
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "deadman_api_group_commit_size"
+    ]
     found: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == "deadman_api_group_commit_size_count":
-            found["count"] = float(value)
-        elif name == "deadman_api_group_commit_size_sum":
-            found["sum"] = float(value)
-        elif name.startswith('deadman_api_group_commit_size_bucket{le="'):
-            bound = name.removeprefix('deadman_api_group_commit_size_bucket{le="')
-            found["le=" + bound.removesuffix('"}').removesuffix(".0")] = float(value)
+    for sample in family.samples:
+        part = sample.name.removeprefix(family.name + "_")
+        if part == "bucket":
+            part = "le=" + sample.labels["le"].removesuffix(".0")
+        found[part] = sample.value
     return found
 
 
