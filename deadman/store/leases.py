@@ -100,8 +100,16 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
     return {
         # results passed check_storable (no NaN or infinity): jsoncodec.dumps is exact
         "batch": jsoncodec.dumps(batch),
-        "ids": [f.id for f in finishes],
+        "ids": bigint_array([f.id for f in finishes]),
     }
+
+
+def bigint_array(ids: Sequence[int]) -> str:
+    """``ids`` as a Postgres array literal, for a ``%(...)s::bigint[]`` parameter:
+    psycopg adapts a list element by element in Python (~0.53 us an id; this string
+    ~0.07), and a finish batch sends one id per job (DECISIONS 81). ``int`` only:
+    its ``str`` is digits and a sign, nothing the literal would have to quote."""
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def refill_params(finishes: Sequence[Finish], p: ClaimParams) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -225,7 +224,7 @@ class Executor:
     async def _run(self, held: Held, spec: HandlerSpec | None) -> None:
         job, ctx = held.job, held.ctx
         bound = JobLog(self._debug, job, ctx.lease_token, self._worker_id)
-        metrics.START_LATENCY.observe(max(0.0, (datetime.now(UTC) - job.run_at).total_seconds()))
+        metrics.START_LATENCY.observe(max(0.0, time.time() - job.run_at.timestamp()))
         started = time.monotonic()
         finish: Finish | None = None
         try:
