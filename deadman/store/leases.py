@@ -60,7 +60,7 @@ def quarantine_claim_params(p: ClaimParams) -> dict[str, Any]:
     return params
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finish:
     """How one attempt ended, as the worker reports it (fenced by ``token``)."""
 

@@ -288,7 +288,9 @@ class Executor:
             if spec.is_async:
                 # _guarded: with a timeout, wait_for runs the coroutine in a task of
                 # its own, and a SystemExit escaping a task stops the event loop.
-                result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
+                handler = _guarded(spec.fn(job, ctx))
+                # no timeout: awaited here, not through wait_for (one frame less a job)
+                result = await (handler if timeout is None else asyncio.wait_for(handler, timeout))
             else:
                 loop = asyncio.get_running_loop()
                 fn = tracing.carried(spec.fn) if tracing.ENABLED else spec.fn

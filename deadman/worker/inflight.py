@@ -21,7 +21,7 @@ class Abort(enum.Enum):
     HUNG = "hung"  # no ctx.heartbeat() for heartbeat_timeout_ms: the attempt timed out
 
 
-@dataclass
+@dataclass(slots=True)
 class Held:
     job: Job
     ctx: JobContext
