@@ -36,7 +36,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 import psycopg
@@ -124,17 +124,23 @@ async def _run(dsn: str, mode: str, n: int) -> list[float]:
     return sorted(v * 1000 for v in started.values())
 
 
+#: before every run: empty tables, one parked worker with slots to spare, a checkpoint
+PREPARE: tuple[tuple[LiteralString, tuple[str, ...]], ...] = (
+    (
+        "CREATE TABLE IF NOT EXISTS bench_parked (worker text PRIMARY KEY, queue text, slots int)",
+        (),
+    ),
+    ("TRUNCATE deadman.jobs, deadman.attempt_log, bench_parked CASCADE", ()),
+    ("INSERT INTO bench_parked VALUES (%s, 'default', 1000000000)", (WORKER,)),
+    ("VACUUM ANALYZE deadman.jobs", ()),
+    ("CHECKPOINT", ()),
+)
+
+
 def _prepare(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS bench_parked"
-            " (worker text PRIMARY KEY, queue text, slots int)"
-        )
-        conn.execute("TRUNCATE deadman.jobs, deadman.attempt_log CASCADE")
-        conn.execute("TRUNCATE bench_parked")
-        conn.execute("INSERT INTO bench_parked VALUES (%s, 'default', 1000000000)", (WORKER,))
-        conn.execute("VACUUM ANALYZE deadman.jobs")
-        conn.execute("CHECKPOINT")
+        for statement, params in PREPARE:
+            conn.execute(statement, params)
 
 
 def _summary(ms: list[float]) -> dict[str, float | None]:
