@@ -20,11 +20,13 @@ measures it), the modes taking turns rep by rep, each run after a CHECKPOINT:
   round trip. The lease is durable with the enqueue's commit.
 
 Both senders are the same bare psycopg connection (autocommit, one prepared statement
-per job), not ``Client.enqueue``, so the absolute figures are below `make bench`'s; the
-difference between the modes is the point. The handoff SQL and the parked table here
-are scratch (``bench_parked``), none of Deadman's guarantees (order, limits, pauses,
-quarantine, a parked worker's death) are in it: it measures the latency a full design
-could reach, not the design. Raw JSON under bench/results/handoff-*.json.
+per job), not ``Client.enqueue``: the absolute figures are not `make bench`'s (though
+its claim mode came out near them), the difference between the modes is the point.
+The handoff SQL and the parked table here are scratch (``bench_parked``), none of
+Deadman's guarantees (order, limits, pauses, quarantine, a parked worker's death) are
+in it: it measures the latency a full design could reach, not the design. Each run
+also times the sender's calls: what the handoff's statement costs the enqueuer. Raw
+JSON under bench/results/handoff-*.json.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ FROM j
 CHANNEL = "handoff_" + WORKER.replace("-", "_")
 
 
-def _send(dsn: str, mode: str, n: int, t0: float) -> None:
-    """The sender's thread: job i at t0 + i / RATE (sleep, then spin the last 0.2 ms)."""
+def _send(dsn: str, mode: str, n: int, t0: float, calls: list[float]) -> None:
+    """The sender's thread: job i at t0 + i / RATE (sleep, then spin the last 0.2 ms);
+    each call's own duration in ms into ``calls`` (what the handoff costs the enqueuer)."""
     query = HANDOFF_SQL if mode == "handoff" else CLAIM_SQL
     with psycopg.connect(dsn, autocommit=True) as conn:
         for i in range(n):
@@ -82,15 +85,19 @@ def _send(dsn: str, mode: str, n: int, t0: float) -> None:
             while (left := intended - time.time()) > 0:
                 if left > 0.0003:
                     time.sleep(left - 0.0002)
+            sent = time.perf_counter()
             row = conn.execute(
                 query, (json.dumps({"i": i, "t": intended}),), prepare=True
             ).fetchone()
+            calls.append((time.perf_counter() - sent) * 1000)
             if row is None:
                 raise AssertionError(f"{mode}: job {i} was not inserted")
 
 
-async def _run(dsn: str, mode: str, n: int) -> list[float]:
-    """One run: every job's latency in ms (intended send → its start on the listener)."""
+async def _run(dsn: str, mode: str, n: int) -> tuple[list[float], list[float]]:
+    """One run: every job's latency in ms (intended send → its start on the listener),
+    and every enqueue call's duration in ms, both sorted."""
+    calls: list[float] = []
     started: dict[int, float] = {}
     pool = async_pool(dsn, name="probe")
     await pool.open()
@@ -102,7 +109,7 @@ async def _run(dsn: str, mode: str, n: int) -> list[float]:
         claim = ClaimParams(
             queue="default", worker=WORKER, limit=10, ttl_ms=10_000, quarantine_at=5
         )
-        sender = threading.Thread(target=_send, args=(dsn, mode, n, time.time() + 1.0))
+        sender = threading.Thread(target=_send, args=(dsn, mode, n, time.time() + 1.0, calls))
         sender.start()
         notifies = listener.notifies()
         deadline = time.monotonic() + n / RATE + 30
@@ -121,7 +128,7 @@ async def _run(dsn: str, mode: str, n: int) -> list[float]:
         await pool.close()
     if len(started) != n:
         raise AssertionError(f"{mode}: {len(started)} of {n} jobs started")
-    return sorted(v * 1000 for v in started.values())
+    return sorted(v * 1000 for v in started.values()), sorted(calls)
 
 
 #: before every run: empty tables, one parked worker with slots to spare, a checkpoint
@@ -147,6 +154,10 @@ def _summary(ms: list[float]) -> dict[str, float | None]:
     return {f"p{p}": pct(ms, p) for p in (50, 90, 99, 99.9)}
 
 
+def _line(ms: list[float]) -> str:
+    return "  ".join(f"{k} {v:.3f}" for k, v in _summary(ms).items() if v is not None) + " ms"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.handoff_probe", description=__doc__)
     ap.add_argument("--jobs", type=int, default=2000, help="jobs per run (200/s)")
@@ -164,10 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for mode in runs:
                 _prepare(dsn)
-                ms = uvloop.run(_run(dsn, mode, args.jobs))
-                runs[mode].append(_summary(ms))
-                line = "  ".join(f"{k} {v:.3f}" for k, v in runs[mode][-1].items() if v is not None)
-                print(f"rep {rep + 1} {mode:8s} {line} ms", flush=True)
+                ms, calls = uvloop.run(_run(dsn, mode, args.jobs))
+                runs[mode].append({**_summary(ms), "enqueue_call": _summary(calls)})
+                print(f"rep {rep + 1} {mode:8s} {_line(ms)}; enqueue call {_line(calls)}")
     doc = {"started_at": stamp, "machine": box, "jobs": args.jobs, "rate": RATE, "runs": runs}
     out = args.out or Path(__file__).parent / "results" / f"handoff-{stamp}.json"
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
