@@ -5,7 +5,10 @@
 
 Each side runs from its own tree (``git worktree`` for a commit, this checkout for
 ``.``) with its own migrations, in its own database of one private durable cluster;
-the sides alternate rep by rep, so a busy machine slows both alike. Each run checks
+the sides alternate rep by rep, so a busy machine slows both alike, and which side
+runs first alternates too (odd reps 'before' first, even reps 'after' first): twice
+the same change measured higher with its side run second than run first (DECISIONS
+82), a bias one fixed order puts on one side. Each run checks
 that every job succeeded exactly once, as the main suite does. The raw results go to
 ``bench/results/ab-<time>.json``; ``bench.report`` puts the newest one into
 BENCHMARKS.md ("Before and after").
@@ -63,6 +66,19 @@ def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
+def rep_order(rep: int) -> tuple[str, str]:
+    """Which side runs first in rep ``rep`` (0-based): 'before' in even reps, 'after'
+    in odd ones, so over an even number of reps each side goes first as often."""
+    return ("before", "after") if rep % 2 == 0 else ("after", "before")
+
+
+def paired_ratio(before: list[float], after: list[float]) -> float | None:
+    """The median over reps of after ÷ before within each rep: a slow minute slows
+    both runs of a rep, so it cancels here where it would not across medians."""
+    ratios = [a / b for b, a in zip(before, after, strict=True) if b > 0]
+    return round(median(ratios), 3) if ratios else None
+
+
 def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("DEADMAN_")}
 
@@ -89,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             for side, (tree, _) in sides.items():
                 _drive(tree, [dsns[side], *common, "1"])
             for rep in range(a.reps):
-                for side, (tree, commit) in sides.items():
-                    r = _drive(tree, [dsns[side], *common, "0"])
+                for place, side in enumerate(rep_order(rep)):
+                    tree, commit = sides[side]
+                    r = {**_drive(tree, [dsns[side], *common, "0"]), "ran_first": place == 0}
                     results[side].append(r)
                     ok = (r.get("verify") or {}).get("ok")
                     print(
@@ -110,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         "runs": results,
         "median_jobs_per_s": med,
         "ratio": round(med["after"] / med["before"], 3) if med["before"] else None,
+        "paired_ratio": paired_ratio(
+            [r["jobs_per_s"] for r in results["before"]],
+            [r["jobs_per_s"] for r in results["after"]],
+        ),
         "ok": not failed,
     }
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -118,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(
         f"median before {med['before']}, after {med['after']} jobs/s "
-        f"({data['ratio']}x); every run exactly once: {data['ok']}; raw: {out}"
+        f"({data['ratio']}x; rep by rep {data['paired_ratio']}x, each side first in "
+        f"alternate reps); every run exactly once: {data['ok']}; raw: {out}"
     )
     return 0 if data["ok"] else 1
 
