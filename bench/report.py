@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plot
+from bench.ab import paired_ratio
 from bench.targets import _deadman_label, _ok_rate, best_burn, targets_16
 from bench.targets import fmt as _f
 
@@ -720,13 +721,16 @@ def _before_after(w: Any, md_path: Path) -> None:
         "From `python -m bench.ab --base <before> --processes P --concurrency C --reps 3`, "
         "not part of `bench.run`: the same no-op burn-down for two revisions, "
         "alternating rep by rep on one private durable cluster, every run verified "
-        "exactly once. Every recorded comparison, oldest first:\n"
+        "exactly once. 'rep by rep': the median of each rep's own after ÷ before, which a "
+        "slow minute shared by both runs of a rep does not move (an A/A read 0.955x by "
+        "medians and 0.997x rep by rep; since DECISIONS 82 the side run first alternates "
+        "too). Every recorded comparison, oldest first:\n"
     )
     w(
         "| setting | jobs | before | after | runs before (jobs/s) | runs after (jobs/s) | "
-        "after / before |"
+        "after / before | rep by rep |"
     )
-    w("|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|")
     for _path, ab in results:
         st, rev, med, runs = ab["setting"], ab["revisions"], ab["median_jobs_per_s"], ab["runs"]
         ok = "" if ab.get("ok") else " (**a run failed its check**)"
@@ -734,7 +738,8 @@ def _before_after(w: Any, md_path: Path) -> None:
             f"| P={st['processes']}, C={st['concurrency']} | {_f(st.get('jobs'))} | "
             f"`{rev['before']}` {_f(med['before'])} | `{rev['after']}` {_f(med['after'])} | "
             f"{', '.join(_f(r['jobs_per_s']) for r in runs['before'])} | "
-            f"{', '.join(_f(r['jobs_per_s']) for r in runs['after'])} | **{ab['ratio']}x**{ok} |"
+            f"{', '.join(_f(r['jobs_per_s']) for r in runs['after'])} | **{ab['ratio']}x**{ok} | "
+            f"{_paired(runs)} |"
         )
     # Each comparison ran on the machine its file records: name every one, with its runs.
     machines: dict[str, list[str]] = {}
@@ -747,6 +752,16 @@ def _before_after(w: Any, md_path: Path) -> None:
         + ". `+changes`: the checkout had uncommitted edits (the commit after it holds them; the "
         "report itself, or a fix measured before it was committed).\n"
     )
+
+
+def _paired(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The median of each rep's own after ÷ before (``bench.ab.paired_ratio``, DECISIONS
+    82), for every recorded comparison, older ones included: their runs are paired by
+    rep as well."""
+    before = [r["jobs_per_s"] for r in runs["before"]]
+    after = [r["jobs_per_s"] for r in runs["after"]]
+    ratio = paired_ratio(before, after) if len(before) == len(after) else None
+    return "n/a" if ratio is None else f"{ratio}x"
 
 
 def _machine_name(m: dict[str, Any]) -> str:
