@@ -1,7 +1,7 @@
 """Before/after: the same burn-down for two revisions of Deadman, interleaved.
 
     python -m bench.ab --base e5104d1                  # that commit vs this checkout
-    python -m bench.ab --base e5104d1 --reps 5 --processes 1 --concurrency 200
+    python -m bench.ab --base e5104d1 --reps 6 --processes 1 --concurrency 200
 
 Each side runs from its own tree (``git worktree`` for a commit, this checkout for
 ``.``) with its own migrations, in its own database of one private durable cluster;
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=20_000)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=4, help="even: each side first as often")
     ap.add_argument("--out", help="raw JSON path (default bench/results/ab-<time>.json)")
     a = ap.parse_args(argv)
     keep: list[Path] = []
