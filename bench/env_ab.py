@@ -7,7 +7,9 @@ compares settings of one revision).
         --variant one=DEADMAN_COMPLETER_FLUSHES=1 --variant two=
 
 Each variant gets its own database of one private durable cluster; the variants take
-turns within each rep, so a busy machine slows them alike. ``--concurrency`` omitted:
+turns within each rep, so a busy machine slows them alike, and the turn order rotates
+rep by rep. Each variant is reported against the first as a ratio of medians and rep
+by rep (the median of each rep's own ratio; DECISIONS 82). ``--concurrency`` omitted:
 the worker gets no ``--concurrency`` flag (the defaults shape), so
 ``DEADMAN_CONCURRENCY`` in a variant applies. Every run must verify exactly once.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import deadman_bench as dm
+from bench.ab import paired_ratio
 from bench.common import create_database, durable_cluster, machine
 
 
@@ -38,6 +41,14 @@ def parse_variant(raw: str) -> tuple[str, dict[str, str]]:
     if not name:
         raise argparse.ArgumentTypeError(f"{raw!r}: a variant needs a name")
     return name, env
+
+
+def rotated(names: list[str], rep: int) -> list[str]:
+    """The order the variants take turns in rep ``rep`` (0-based): rotated by one each
+    rep, so every variant runs first (and last) as often over ``len(names)`` reps
+    (DECISIONS 82: the place in a rep's order moved a result by itself)."""
+    k = rep % len(names) if names else 0
+    return names[k:] + names[:k]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             dm.setup(dsn)
         box = machine(next(iter(dbs.values())))
         for rep in range(args.reps):
-            for name, env in variants.items():
+            for name in rotated(list(variants), rep):
+                env = variants[name]
                 saved = {var: os.environ.get(var) for var in env}
                 os.environ.update(env)  # the worker inherits it (bench.common.spawn)
                 try:
@@ -101,13 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, rs in runs.items()
     }
-    first = next(iter(summary.values()))["median_jobs_per_s"]
+    base = next(iter(summary.values()))
     for name, s in summary.items():
         each = ", ".join(f"{x['jobs_per_s']:,.0f}" for x in s["runs"])
-        ratio = s["median_jobs_per_s"] / first
+        ratio = s["median_jobs_per_s"] / base["median_jobs_per_s"]
+        s["paired_ratio"] = paired_ratio(
+            [x["jobs_per_s"] for x in base["runs"]], [x["jobs_per_s"] for x in s["runs"]]
+        )
         us = s["median_cpu_us_per_job"]
         print(
-            f"{name:<16} median {s['median_jobs_per_s']:>8,} jobs/s ({ratio:.2f}x) [{each}]; "
+            f"{name:<16} median {s['median_jobs_per_s']:>8,} jobs/s ({ratio:.2f}x; rep by rep "
+            f"{s['paired_ratio']}x) [{each}]; "
             f"CPU µs/job workers {us['workers']:.0f} postgres {us['postgres']:.0f}"
         )
     if args.out:
