@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_trees(keep)
     failed = [r for rs in results.values() for r in rs if not (r.get("verify") or {}).get("ok")]
-    med = {side: median([r["jobs_per_s"] for r in rs]) for side, rs in results.items()}
+    jobs_per_s = {side: [r["jobs_per_s"] for r in rs] for side, rs in results.items()}
+    med = {side: median(values) for side, values in jobs_per_s.items()}
     data = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
@@ -127,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": results,
         "median_jobs_per_s": med,
         "ratio": round(med["after"] / med["before"], 3) if med["before"] else None,
-        "paired_ratio": paired_ratio(
-            [r["jobs_per_s"] for r in results["before"]],
-            [r["jobs_per_s"] for r in results["after"]],
-        ),
+        "paired_ratio": paired_ratio(jobs_per_s["before"], jobs_per_s["after"]),
         "ok": not failed,
     }
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -19,8 +19,9 @@ measures it), the modes taking turns rep by rep, each run after a CHECKPOINT:
   notification's payload; the listener starts the job on the payload, with no claim
   round trip. The lease is durable with the enqueue's commit.
 
-Both senders are the same bare psycopg connection (autocommit, one prepared statement
-per job), not ``Client.enqueue``: the absolute figures are not `make bench`'s (though
+Both modes send through ``bench.common.open_loop``, as the latency phase does (four
+sender threads), each thread with a bare psycopg connection (autocommit, one prepared
+statement per job), not ``Client.enqueue``: the absolute figures are not `make bench`'s (though
 its claim mode came out near them), the difference between the modes is the point.
 The handoff SQL and the parked table here are scratch (``bench_parked``), none of
 Deadman's guarantees (order, limits, pauses, quarantine, a parked worker's death) are
@@ -33,9 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, LiteralString
@@ -44,7 +46,7 @@ import orjson
 import psycopg
 import uvloop
 
-from bench.common import create_database, durable_cluster, machine, pct
+from bench.common import Send, create_database, durable_cluster, machine, open_loop, pct
 from deadman.db.migrate import migrate
 from deadman.db.pool import async_pool
 from deadman.store import AsyncStore
@@ -75,29 +77,30 @@ FROM j
 CHANNEL = "handoff_" + WORKER.replace("-", "_")
 
 
-def _send(dsn: str, mode: str, n: int, t0: float, calls: list[float]) -> None:
-    """The sender's thread: job i at t0 + i / RATE (sleep, then spin the last 0.2 ms);
-    each call's own duration in ms into ``calls`` (what the handoff costs the enqueuer)."""
+def _sender(dsn: str, mode: str) -> contextlib.AbstractAsyncContextManager[Send]:
+    """One connection per sender thread of ``bench.common.open_loop`` (autocommit, the
+    mode's statement prepared), connected before the clock starts."""
     query = HANDOFF_SQL if mode == "handoff" else CLAIM_SQL
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(n):
-            intended = t0 + i / RATE
-            while (left := intended - time.time()) > 0:
-                if left > 0.0003:
-                    time.sleep(left - 0.0002)
-            sent = time.perf_counter()
-            row = conn.execute(
-                query, (json.dumps({"i": i, "t": intended}),), prepare=True
-            ).fetchone()
-            calls.append((time.perf_counter() - sent) * 1000)
-            if row is None:
-                raise AssertionError(f"{mode}: job {i} was not inserted")
+
+    @contextlib.asynccontextmanager
+    async def sender() -> AsyncIterator[Send]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+            async def send(i: int, intended: float) -> None:
+                cur = await conn.execute(
+                    query, (json.dumps({"i": i, "t": intended}),), prepare=True
+                )
+                if await cur.fetchone() is None:
+                    raise AssertionError(f"{mode}: job {i} was not inserted")
+
+            yield send
+
+    return sender()
 
 
 async def _run(dsn: str, mode: str, n: int) -> tuple[list[float], list[float]]:
     """One run: every job's latency in ms (intended send → its start on the listener),
     and every enqueue call's duration in ms, both sorted."""
-    calls: list[float] = []
     started: dict[int, float] = {}
     pool = async_pool(dsn, name="probe")
     await pool.open()
@@ -109,8 +112,11 @@ async def _run(dsn: str, mode: str, n: int) -> tuple[list[float], list[float]]:
         claim = ClaimParams(
             queue="default", worker=WORKER, limit=10, ttl_ms=10_000, quarantine_at=5
         )
-        sender = threading.Thread(target=_send, args=(dsn, mode, n, time.time() + 1.0, calls))
-        sender.start()
+        # the sender threads (bench.common.open_loop, as the latency phase sends) in
+        # a thread of their own: this loop only listens and claims
+        sending = asyncio.ensure_future(
+            asyncio.to_thread(open_loop, lambda: _sender(dsn, mode), RATE, n / RATE)
+        )
         notifies = listener.notifies()
         deadline = time.monotonic() + n / RATE + 30
         while len(started) < n and time.monotonic() < deadline:
@@ -122,13 +128,14 @@ async def _run(dsn: str, mode: str, n: int) -> tuple[list[float], list[float]]:
                 for job in await store.job_claim(claim, retry_s=0):
                     now = time.time()
                     started[job.payload["i"]] = now - job.payload["t"]
-        sender.join()
+        sent = await sending
     finally:
         await listener.close()
         await pool.close()
     if len(started) != n:
         raise AssertionError(f"{mode}: {len(started)} of {n} jobs started")
-    return sorted(v * 1000 for v in started.values()), sorted(calls)
+    calls = sorted(v * 1000 for v in sent["call_s"].values())
+    return sorted(v * 1000 for v in started.values()), calls
 
 
 #: before every run: empty tables, one parked worker with slots to spare, a checkpoint
