@@ -58,6 +58,8 @@ class Settings:
     completer_batch: int = 500
     completer_flushes: int = 2  # completion batches written at once (connections)
     claim_batch: int = 0  # most jobs one claim takes; 0: half the slots (at least 1)
+    #: Free slots an idle worker parks for handoffs at enqueue (DECISIONS 83); 0: off.
+    handoff_slots: int = 4
     pool_size: int = 0  # 0: derived from concurrency
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
@@ -140,6 +142,7 @@ class Settings:
         _range(self.completer_batch, 1, 100_000, "DEADMAN_COMPLETER_BATCH")
         _range(self.completer_flushes, 1, 64, "DEADMAN_COMPLETER_FLUSHES")
         _range(self.claim_batch, 0, 10_000, "DEADMAN_CLAIM_BATCH")
+        _range(self.handoff_slots, 0, 10_000, "DEADMAN_HANDOFF_SLOTS")
         _range(self.pool_size, 0, 1000, "DEADMAN_POOL_SIZE")
         _require(
             self.log_format in {"auto", "json", "console"},
@@ -332,6 +335,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "completer_batch": _int,
     "completer_flushes": _int,
     "claim_batch": _int,
+    "handoff_slots": _int,
     "pool_size": _int,
     "log_format": str,
     "log_level": str,

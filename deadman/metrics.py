@@ -68,6 +68,11 @@ class LoopHistogram(Collector):
 
 
 JOBS_CLAIMED = Counter("deadman_jobs_claimed", "Jobs claimed by this worker", ["queue"])
+JOBS_HANDED = Counter(
+    "deadman_jobs_handed",
+    "Jobs an enqueue handed straight to this worker's parked slots (not claimed)",
+    ["queue"],
+)
 JOBS_FINISHED = Counter(
     "deadman_jobs_finished", "Attempts ended by this worker, by outcome", ["queue", "outcome"]
 )

@@ -40,7 +40,7 @@ def enqueue(
     often, or its attempt is treated as hung (timed_out). ``delay``, ``timeout`` and
     ``heartbeat_timeout`` are timedeltas or seconds.
     """
-    return Call(_enqueued(client.job(type, payload, **options), client), conn)
+    return Call(_enqueued(client.job(type, payload, **options), client, own=conn is None), conn)
 
 
 def submit(
@@ -55,7 +55,8 @@ def submit(
     body = spec.model_dump(exclude_unset=True, by_alias=True)
     if idempotency_key is not None:
         body["idempotency_key"] = idempotency_key
-    return Call(_enqueued(traced(validate(BatchJobSpec, body).to_new_job()), client), conn)
+    made = traced(validate(BatchJobSpec, body).to_new_job())
+    return Call(_enqueued(made, client, own=conn is None), conn)
 
 
 def enqueue_many(
@@ -159,9 +160,11 @@ def _acted(job_id: int, action: Plan[Job | None], refusal: Plan[str | None]) -> 
     return Plan(steps)
 
 
-def _enqueued(new: NewJob, client: Core) -> Plan[Job]:
-    """Insert ``new``; when its idempotency key is taken, the job that holds it."""
-    made = plans.job_insert(new, client.settings.max_attempts)
+def _enqueued(new: NewJob, client: Core, *, own: bool) -> Plan[Job]:
+    """Insert ``new``; when its idempotency key is taken, the job that holds it.
+    ``own``: on the client's own connection (not in a caller's transaction), where a
+    parked worker may be handed the job (DECISIONS 83)."""
+    made = plans.job_insert(new, client.settings.max_attempts, handoff=own)
     return _keyed(new, made, plans.job_get_by_idempotency_key)
 
 

@@ -49,29 +49,76 @@ SELECT max(version) AS version FROM deadman.schema_migrations;
 -- With an idempotency key that is already taken this inserts nothing and returns no
 -- row; the caller then reads the existing job (ON CONFLICT waits for a concurrent
 -- inserter to finish, so the existing row is visible to the next statement).
+-- Handoff (DECISIONS 83, migration 0021): with %(handoff)s (the statement is its own
+-- transaction: a caller's open transaction would hold the slot and start the lease
+-- before its commit) a due, unkeyed job with nothing older due in its queue, the
+-- queue not paused, is born 'running' under the lease of a worker that parked a slot
+-- for its queue, exactly as deadman.job_start would have started it; the slot's row
+-- records the job and the worker is told on its channel. A parked row another
+-- enqueue holds is stepped past (SKIP LOCKED); with none free the job is queued.
+-- The slot is only taken if the job was inserted (no key conflict).
 WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz,
                     now() + %(delay_ms)s::bigint * interval '1 millisecond') AS run_at
+), slot AS (
+    SELECT p.worker, p.slot, p.ttl_ms, p.channel
+    FROM deadman.parked p, v
+    WHERE %(handoff)s::boolean
+      -- a role that may not mint lease tokens (deadman_api) queues its jobs
+      AND has_sequence_privilege('deadman.lease_token_seq', 'USAGE')
+      AND %(queue)s = ANY (p.queues)
+      AND p.job_id IS NULL
+      AND p.expires_at > now()
+      AND %(limit_key)s::text IS NULL
+      AND %(pending_deps)s::integer = 0
+      AND %(upstream_error)s::text IS NULL
+      AND v.run_at <= now()
+      AND (%(start_by)s::timestamptz IS NULL OR %(start_by)s::timestamptz > now())
+      AND (%(deadline)s::timestamptz IS NULL OR %(deadline)s::timestamptz > now())
+      AND NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q.paused)
+      -- job_claim's order: nothing handed off ahead of an older due job
+      AND NOT EXISTS (SELECT 1 FROM deadman.jobs o
+                      WHERE o.queue = %(queue)s AND o.limit_key IS NULL
+                        AND o.state IN ('queued', 'scheduled', 'retrying')
+                        AND o.run_at <= now())
+    LIMIT 1
+    FOR UPDATE OF p SKIP LOCKED
+), ins AS (
+    INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                              timeout_ms, run_at, idempotency_key, request_hash,
+                              pending_deps, finished_at, last_error, upstream_cancelled,
+                              start_by, deadline, heartbeat_timeout_ms, limit_key,
+                              trace_context, attempt, lease_token, lease_worker,
+                              lease_expires_at, started_at)
+    SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
+           CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
+                WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
+                WHEN v.run_at > now() THEN 'scheduled'
+                WHEN s.worker IS NOT NULL THEN 'running'
+                ELSE 'queued' END,
+           %(max_attempts)s, %(backoff)s, %(timeout_ms)s, v.run_at,
+           %(idempotency_key)s, %(request_hash)s,
+           CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
+           CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
+           %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
+           %(start_by)s::timestamptz, %(deadline)s::timestamptz,
+           %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text, %(trace_context)s::jsonb,
+           CASE WHEN s.worker IS NOT NULL THEN 1 ELSE 0 END,
+           CASE WHEN s.worker IS NOT NULL THEN nextval('deadman.lease_token_seq') END,
+           s.worker,
+           now() + s.ttl_ms * interval '1 millisecond',
+           CASE WHEN s.worker IS NOT NULL THEN now() END
+    FROM v LEFT JOIN slot s ON true
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), handed AS (
+    UPDATE deadman.parked p
+    SET job_id = i.id, lease_token = i.lease_token
+    FROM ins i, slot s
+    WHERE i.state = 'running' AND p.worker = s.worker AND p.slot = s.slot
+    RETURNING pg_notify(s.channel, i.id::text)
 )
-INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
-                          timeout_ms, run_at, idempotency_key, request_hash,
-                          pending_deps, finished_at, last_error, upstream_cancelled,
-                          start_by, deadline, heartbeat_timeout_ms, limit_key,
-                          trace_context)
-SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
-       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
-            WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
-            WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       %(max_attempts)s, %(backoff)s, %(timeout_ms)s, v.run_at,
-       %(idempotency_key)s, %(request_hash)s,
-       CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
-       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
-       %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
-       %(start_by)s::timestamptz, %(deadline)s::timestamptz,
-       %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text, %(trace_context)s::jsonb
-FROM v
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
+SELECT * FROM ins;
 
 -- name: job_ids_reserve
 -- Ids for a bulk enqueue that COPYs straight into the jobs table (job_copy_direct),
@@ -487,6 +534,10 @@ WITH alive AS (
     INSERT INTO deadman.workers (id, hostname, pid, queues, concurrency)
     VALUES (%(worker)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s)
     ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now()
+), parked AS (
+    -- its parked slots stay open to handoffs (DECISIONS 83) while it beats
+    UPDATE deadman.parked SET expires_at = now() + ttl_ms * interval '1 millisecond'
+    WHERE worker = %(worker)s
 ), locked AS (
     -- Lock in id order (see job_finish_many): no deadlock with the completer. Found
     -- through the primary key; a matching token means running (see job_finish_many).
@@ -505,10 +556,68 @@ WHERE j.id = l.id
 RETURNING j.id, j.cancel_requested;
 
 -- name: worker_deregister
+-- A worker's clean exit; its parked slots go with it (it unparked them first, so only
+-- a slot an unpark could not take back is left).
+WITH parked AS (DELETE FROM deadman.parked WHERE worker = %(worker)s)
 DELETE FROM deadman.workers WHERE id = %(worker)s;
 
+-- name: worker_park
+-- Park %(slots)s free slots of an idle worker for handoffs (DECISIONS 83, migration
+-- 0021), numbered from %(first)s. The worker has reserved them: nothing else it runs
+-- takes them until it unparks (job_unpark) or a job is handed into one (job_adopt).
+INSERT INTO deadman.parked (worker, slot, queues, channel, ttl_ms, expires_at)
+SELECT %(worker)s, n, %(queues)s::text[], %(channel)s, %(ttl_ms)s::integer,
+       now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+FROM generate_series(%(first)s::integer, %(first)s::integer + %(slots)s::integer - 1) AS n;
+
+-- name: job_unpark
+-- Take back every slot this worker parked: each row, with the job an enqueue handed
+-- into it (NULL: none). A row an enqueue holds right now is waited for, so what this
+-- returns is final: a slot is either back or holds its job. The jobs are read by
+-- job_adopt_read, in a statement of their own: this one's snapshot predates the
+-- enqueues it waited for.
+DELETE FROM deadman.parked
+WHERE worker = %(worker)s
+RETURNING slot, job_id, lease_token;
+
+-- name: job_adopt
+-- A handoff's notification named %(job_id)s: take its slot's row (so each handed job
+-- is adopted once, whatever is replayed or forged on the channel) and read the job,
+-- if it is still running under the lease that enqueue gave us. lease_left_ms: what
+-- is left of that lease now (the worker trusts it from this statement's send time
+-- for that long, less its margin). No row: not ours, or already taken.
+WITH m AS (
+    DELETE FROM deadman.parked
+    WHERE worker = %(worker)s AND job_id = %(job_id)s
+    RETURNING slot, job_id, lease_token
+)
+SELECT m.slot,
+       (extract(epoch FROM j.lease_expires_at - now()) * 1000)::bigint AS lease_left_ms,
+       j.*
+FROM m
+LEFT JOIN deadman.jobs j
+  ON j.id = m.job_id AND j.lease_token = m.lease_token
+ AND j.state = 'running' AND j.lease_worker = %(worker)s AND j.lease_expires_at > now();
+
+-- name: job_adopt_read
+-- The jobs job_unpark found handed into this worker's slots, still running under the
+-- leases those enqueues gave it; lease_left_ms as in job_adopt.
+SELECT (extract(epoch FROM j.lease_expires_at - now()) * 1000)::bigint AS lease_left_ms, j.*
+FROM deadman.jobs j
+JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+  ON j.id = h.id AND j.lease_token = h.token
+WHERE j.id = ANY (%(ids)s::bigint[])
+  AND j.state = 'running' AND j.lease_worker = %(worker)s AND j.lease_expires_at > now();
+
 -- name: worker_prune_stale
--- Forget workers that have not sent a heartbeat for a long time (they are gone).
+-- Forget workers that have not sent a heartbeat for a long time (they are gone), and
+-- the slots they parked (DECISIONS 83): no handoff takes those once expired (job_insert
+-- reads expires_at), and a job handed into one is still running under its lease in
+-- deadman.jobs, which the rescuer handles.
+WITH parked AS (
+    DELETE FROM deadman.parked
+    WHERE expires_at < now() - %(older_than_ms)s::bigint * interval '1 millisecond'
+)
 DELETE FROM deadman.workers
 WHERE last_heartbeat_at < now() - %(older_than_ms)s::bigint * interval '1 millisecond';
 

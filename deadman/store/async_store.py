@@ -12,8 +12,8 @@ from deadman.db.queries import QUERIES
 from deadman.errors import translate
 from deadman.model import Job
 from deadman.store import batches, plans
+from deadman.store.handoffs import HandoffStore
 from deadman.store.jobs import NewJob
-from deadman.store.leases import LeaseStore
 from deadman.store.limits import LimitStore
 from deadman.store.maintenance import MaintenanceStore
 from deadman.store.plans import WorkflowRows, jobs_of
@@ -22,7 +22,7 @@ from deadman.store.schedules import ScheduleStore
 from deadman.store.workflows import NewWorkflow
 
 
-class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
+class AsyncStore(HandoffStore, MaintenanceStore, LimitStore, ScheduleStore):
     """Async access for the worker and the API (see AsyncBase for how statements run)."""
 
     # -- enqueue and read ----------------------------------------------------------
@@ -32,8 +32,10 @@ class AsyncStore(LeaseStore, MaintenanceStore, LimitStore, ScheduleStore):
         # insert the job twice, so only keyed inserts are retried; and never one with
         # dependencies (its transaction's outcome is as unknown).
         retried = job.idempotency_key is not None and not job.depends_on
+        # its own transaction on the store's pool: a parked worker may take it
         return await self._plan(
-            plans.job_insert(job, default_max_attempts), retry_s=None if retried else 0
+            plans.job_insert(job, default_max_attempts, handoff=True),
+            retry_s=None if retried else 0,
         )
 
     async def job_get(self, job_id: int) -> Job | None:

@@ -45,16 +45,27 @@ def _first(rows: Rows) -> Schedule | None:
 # -- jobs ----------------------------------------------------------------------------
 
 
-def job_insert(job: NewJob, default_max_attempts: int) -> Plan[Job | None]:
+def job_insert(
+    job: NewJob, default_max_attempts: int, *, handoff: bool = False
+) -> Plan[Job | None]:
     """None when its idempotency key is taken (read job_get_by_idempotency_key then).
     With depends_on: the dependencies locked, the job and its edges inserted, in one
-    transaction."""
-    return Plan(lambda: _job_insert(job, default_max_attempts), atomic=bool(job.depends_on))
+    transaction. ``handoff``: the plan runs on a connection of its own, outside any
+    caller's transaction, so the job may go straight to a parked worker (DECISIONS
+    83); a job with depends_on never does."""
+    return Plan(
+        lambda: _job_insert(job, default_max_attempts, handoff=handoff),
+        atomic=bool(job.depends_on),
+    )
 
 
-def _job_insert(job: NewJob, default_max_attempts: int) -> Steps[Job | None]:
+def _job_insert(
+    job: NewJob, default_max_attempts: int, *, handoff: bool = False
+) -> Steps[Job | None]:
     if not job.depends_on:
-        return first_job((yield Query("job_insert", job.params(default_max_attempts))))
+        return first_job(
+            (yield Query("job_insert", job.params(default_max_attempts, handoff=handoff)))
+        )
     deps = list(job.depends_on)
     pending, upstream = deps_verdict(deps, (yield Query("job_deps_lock", {"ids": deps})))
     row = first_job(

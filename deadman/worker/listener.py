@@ -1,6 +1,7 @@
-"""LISTEN for ``deadman_jobs`` on a dedicated connection and wake the producer; and
-for ``deadman_cancel`` (a running job's cancel was requested) to abort its handler
-at once instead of at the next heartbeat.
+"""LISTEN for ``deadman_jobs`` on a dedicated connection and wake the producer; for
+``deadman_cancel`` (a running job's cancel was requested) to abort its handler at
+once instead of at the next heartbeat; and on the worker's own handoff channel for
+the jobs enqueues hand straight to it (DECISIONS 83).
 
 Notifications are an accelerator, never the source of truth: if the connection
 drops, the producer's polling still finds every job, and we reconnect in the
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import psycopg
+from psycopg import sql
 
 from deadman import logs
 from deadman.bounds import ID_PATTERN
@@ -89,10 +91,13 @@ class Listener:
         on_cancel: Callable[[int], None] | None = None,
         *,
         settings: Settings | None = None,
+        handoff: tuple[str, Callable[[int], None]] | None = None,
     ) -> None:
         """``dsn``: the database URL; ``settings``: where and whether to listen
         (``listen``, ``listen_url``, ``prepare``; by default the environment's, see
-        :func:`deadman.config.connection_settings`)."""
+        :func:`deadman.config.connection_settings`). ``handoff``: this worker's own
+        channel and what to call with the id of a job handed to it there (DECISIONS
+        83)."""
         s = connection_settings() if settings is None else settings
         self._dsn = s.listen_url or dsn
         self._enabled = s.listen
@@ -100,6 +105,8 @@ class Listener:
         self._queues = set(queues)
         self._on_wake = on_wake
         self._on_cancel = on_cancel
+        self._handoff_channel = handoff[0] if handoff else ""
+        self._on_handoff: Callable[[int], None] | None = handoff[1] if handoff else None
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
@@ -143,6 +150,9 @@ class Listener:
             await conn.execute(QUERIES["listen_jobs"])
             if self._on_cancel is not None:
                 await conn.execute(QUERIES["listen_cancel"])
+            if self._on_handoff is not None:
+                channel = sql.Identifier(self._handoff_channel)
+                await conn.execute(sql.SQL("LISTEN {}").format(channel))
             self.connected.set()
             self._on_wake()  # anything enqueued before LISTEN took effect
             while not self._stop.is_set():
@@ -166,6 +176,14 @@ class Listener:
                 self._ignore(channel, payload)
             elif self._on_cancel is not None:
                 self._on_cancel(job_id)
+        elif channel == self._handoff_channel and self._on_handoff is not None:
+            # Ours alone, but anyone may send on it: the id is parsed strictly, and the
+            # worker only runs a job whose parked row an enqueue filled (job_adopt).
+            job_id = parse_job_id(payload)
+            if job_id is None:
+                self._ignore(channel, payload)
+            else:
+                self._on_handoff(job_id)
         elif payload in self._queues:
             self._on_wake()
         # else: another fleet's queue, or noise; waking for it would only cost a claim

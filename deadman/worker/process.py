@@ -208,9 +208,15 @@ class Worker:
         completer.refill = producer.refill
         completer.on_claimed = producer.refilled
         heartbeat = Heartbeat(parts)
+        parking = producer.parking
         listener = Listener(
-            self.dsn, self.queues, producer.wake, on_cancel=executor.cancel_requested
+            self.dsn,
+            self.queues,
+            producer.wake,
+            on_cancel=executor.cancel_requested,
+            handoff=(parking.channel, parking.handed) if parking.target else None,
         )
+        parking.listening = listener.connected
 
         await self._declare_schedules()
         await heartbeat.beat()  # registers this worker before it claims anything
@@ -274,5 +280,11 @@ class Worker:
         if self._sync_pool is not None:
             self._sync_pool.close()
         threads.shutdown(wait=False, cancel_futures=True)
-        log.info("worker_stopped", worker=self.worker_id, crashed=len(crashed))
+        log.info(
+            "worker_stopped",
+            worker=self.worker_id,
+            crashed=len(crashed),
+            claims=producer.claims,
+            handed=producer.parking.adopted,
+        )
         return 1 if crashed else 0

@@ -28,6 +28,14 @@ at all while it stops, drains for a suspect or has a quarantine check due), and
 claims the rest itself: free slots, empty queues, wake-ups. A queue whose last claim
 came back short gets no refill until a claim comes back full (DECISIONS 59): at low
 load every refill came back empty and only delayed its write.
+
+Handoffs (DECISIONS 83, :mod:`deadman.worker.parking`): idle, the producer parks a few
+free slots, and keeps them topped up while it sleeps (a handed job's slot comes back
+when it ends); an enqueue then hands its job straight to one, when nothing older is
+due in its queue. A claim round claims with the other free slots; once a round leaves
+work behind (or no other slot is free), every parked slot comes back to the claims
+first (and the jobs handed into them start): with a backlog no enqueue hands off, so
+a slot left parked would only sit idle.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
 from deadman.model import Job
 from deadman.store import ClaimParams, quarantine_at
+from deadman.worker.parking import Parking
 from deadman.worker.parts import WorkerLoop, WorkerParts
 from deadman.worker.slots import Slots
 
@@ -58,10 +67,11 @@ EMPTY_CLAIM_GAP_S = 0.01
 
 
 class Producer(WorkerLoop):
-    def __init__(self, parts: WorkerParts, slots: Slots) -> None:
+    def __init__(self, parts: WorkerParts, slots: Slots, parking: Parking | None = None) -> None:
         super().__init__(parts)
         settings = parts.settings
         self._slots = slots
+        self.parking = parking or Parking(parts, slots)
         self._quarantine_at = quarantine_at(settings.max_rescues)
         self._isolating: int | None = None  # id of the quarantined job we run alone
         # The last quarantine check saw a suspect waiting: while we hold jobs we drain
@@ -78,6 +88,8 @@ class Producer(WorkerLoop):
         # Queues whose last claim (ours or a refill) came back short: nothing more was
         # waiting then, so a refill there would most likely come back empty too.
         self._drained: set[str] = set()
+        #: the last claim round left work behind (a full claim, or a due job left)
+        self._backlog = False
         self.claims = 0
 
     def wake(self) -> None:
@@ -134,14 +146,29 @@ class Producer(WorkerLoop):
             self._drained.discard(queue)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            # every parked slot back, and the jobs handed into them started (the
+            # worker's shutdown then runs or releases them with the rest)
+            try:
+                await self.parking.settle()
+            except Exception as exc:  # their leases lapse; the rescuer hands them on
+                log.error("unpark_error", error=repr(exc)[:500])
+
+    async def _run(self) -> None:
         ttl_ms = self._ttl_ms
         while not self._stop.is_set():
             if self._isolating is not None and self._inflight.get(self._isolating) is None:
                 self._isolating = None
             if self._isolating is not None or (self._suspects and len(self._inflight)):
-                # running a suspect alone, or draining so that one can run alone
+                # running a suspect alone, or draining so that one can run alone:
+                # no slot stays parked meanwhile
+                await self.parking.unpark()
                 await self._inflight.wait_removed(self._settings.poll_s)
                 continue
+            if self._slots.free() <= 0 and self.parking.parked:
+                await self.parking.unpark()  # woken with every free slot parked
             if self._slots.free() <= 0:
                 await self._wait_for_slot()
                 continue
@@ -152,6 +179,10 @@ class Producer(WorkerLoop):
                 continue
             self._wake.clear()
             try:
+                if self._backlog:
+                    # parked slots only wait for jobs that nothing is ahead of: with
+                    # work waiting they come back to the claims
+                    await self.parking.unpark()
                 await self._check_quarantine()
                 if self._suspects:
                     if len(self._inflight):
@@ -159,6 +190,7 @@ class Producer(WorkerLoop):
                     if await self._claim_quarantined(ttl_ms):
                         continue
                 got, again, wait = await self._claim_round(ttl_ms)
+                self._backlog = again
             except DatabaseUnavailable as exc:
                 log.warning("claim_failed", error=str(exc))
                 await self._sleep(min(self._settings.poll_s, 1.0))
@@ -179,7 +211,7 @@ class Producer(WorkerLoop):
             if not got:
                 self._empty_rounds += 1
                 self._last_empty = time.monotonic()
-            await self._sleep(wait)
+            await self._idle(wait)
 
     async def _claim_quarantined(self, ttl_ms: int) -> bool:
         """Idle: take one quarantined job, if any, and run it alone. None left (another
@@ -278,6 +310,42 @@ class Producer(WorkerLoop):
             elif left.wait_ms is not None:
                 wait = min(wait, max(left.wait_ms / 1000, 0.0))
         return got, again, wait
+
+    def _may_park(self, *, full: bool = False) -> bool:
+        """Parking may go on (``full``: even if no slot is short of the target now)."""
+        return (
+            (full or self.parking.short())
+            and not self._stop.is_set()
+            and self._isolating is None
+            and not self._suspects
+        )
+
+    async def _idle(self, seconds: float) -> None:
+        """Sleep as :meth:`_sleep` does, after a claim round found nothing more; the
+        while, keep slots parked for handoffs, parking each one that comes back."""
+        deadline = time.monotonic() + seconds
+        while not self._wake.is_set():
+            if self._may_park():
+                try:
+                    await self.parking.park()
+                except Exception as exc:  # a bug: the next claim round unparks
+                    log.error("park_error", error=repr(exc)[:500])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not (self.parking.target and self._may_park(full=True)):
+                await self._sleep(remaining)
+                return
+            # parking: also wake when a slot comes back (a handed job's, once it ends)
+            given = asyncio.ensure_future(self._slots.wait_given())
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {given, woken}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                given.cancel()
+                woken.cancel()
+            if given not in done:
+                return  # woken, or the time is up
 
     async def _sleep(self, seconds: float) -> None:
         if seconds <= 0 or self._wake.is_set():

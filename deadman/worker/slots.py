@@ -28,3 +28,8 @@ class Slots:
         if self.free() > 0:
             return
         await self._freed.wait()
+
+    async def wait_given(self) -> None:
+        """Until the next give(), whatever is free now."""
+        self._freed.clear()
+        await self._freed.wait()

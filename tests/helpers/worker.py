@@ -175,6 +175,13 @@ class WorkerThread:
         return 0 if producer is None else producer.claims
 
     @property
+    def handed(self) -> int:
+        """Jobs enqueues handed to the worker's parked slots, adopted so far."""
+        assert self._worker is not None
+        producer = self._worker.producer
+        return 0 if producer is None else producer.parking.adopted
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 

@@ -209,7 +209,8 @@ def test_one_claim_per_job_when_jobs_come_one_at_a_time(db_dsn: str, client: Cli
     the producer goes idle on it; it used to claim once more (always empty) and then
     ask when the next job was due: three statements per wake-up instead of one."""
     jobs = 20
-    settings = replace(SETTINGS, poll_s=30.0)  # no claims on the poll's account
+    # no claims on the poll's account; no handoffs (they take no claim at all: below)
+    settings = replace(SETTINGS, poll_s=30.0, handoff_slots=0)
     with connect(db_dsn) as conn, running_worker(db_dsn, settings) as worker:
         first = client.enqueue("noop").id  # the listener is up once this one ran
         wait_for(lambda: state_of(conn, first) == "succeeded", 10, message="the first job")
@@ -218,6 +219,40 @@ def test_one_claim_per_job_when_jobs_come_one_at_a_time(db_dsn: str, client: Cli
             wait_for(partial(_succeeded, conn, client.enqueue("noop").id), 10, message="a job")
         claims = worker.claims - before
     assert jobs <= claims <= jobs + 2, f"{claims} claims for {jobs} jobs"
+
+
+def test_jobs_that_come_one_at_a_time_are_handed_off_without_a_claim(
+    db_dsn: str, client: Client
+) -> None:
+    """DECISIONS 83: an idle worker parks slots, and each job enqueued on its own
+    starts in one of them: no claim statement at all, and the job was born running
+    (its start is its enqueue's statement time)."""
+    jobs = 20
+    settings = replace(SETTINGS, poll_s=30.0)
+    with connect(db_dsn) as conn, running_worker(db_dsn, settings) as worker:
+        first = client.enqueue("noop").id  # the listener is up once this one ran
+        wait_for(lambda: state_of(conn, first) == "succeeded", 10, message="the first job")
+        wait_for(lambda: _parked(conn) > 0, 10, message="a parked slot")
+        before, handed = worker.claims, worker.handed
+        ids = []
+        for _ in range(jobs):  # bounded: 20 jobs, 10 s each at most
+            ids.append(client.enqueue("noop").id)
+            wait_for(partial(_succeeded, conn, ids[-1]), 10, message="a job")
+            # the next one is handed off too once its slot is parked again
+            wait_for(lambda: _parked(conn) >= min(4, SETTINGS.concurrency), 10, message="parked")
+        claims, handed = worker.claims - before, worker.handed - handed
+        born = conn.execute(
+            "SELECT count(*) AS n FROM deadman.jobs WHERE id = ANY(%s) AND started_at = created_at"
+            " AND attempt = 1",
+            (ids,),
+        ).fetchone()
+    assert (claims, handed) == (0, jobs)
+    assert born is not None and born["n"] == jobs
+
+
+def _parked(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) AS n FROM deadman.parked WHERE job_id IS NULL").fetchone()
+    return int(row["n"]) if row else 0
 
 
 def _succeeded(conn: psycopg.Connection[Any], job_id: int) -> bool:

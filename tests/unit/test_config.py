@@ -49,6 +49,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_COMPLETER_BATCH", "50", 50),
     ("DEADMAN_COMPLETER_FLUSHES", "3", 3),
     ("DEADMAN_CLAIM_BATCH", "40", 40),
+    ("DEADMAN_HANDOFF_SLOTS", "0", 0),
     ("DEADMAN_POOL_SIZE", "8", 8),
     ("DEADMAN_LOG_FORMAT", "json", "json"),
     ("DEADMAN_LOG_LEVEL", "debug", "debug"),
@@ -144,6 +145,7 @@ NONSENSE: list[tuple[str, str]] = [
     ("DEADMAN_COMPLETER_BATCH", "0"),
     ("DEADMAN_COMPLETER_FLUSHES", "0"),
     ("DEADMAN_CLAIM_BATCH", "-1"),
+    ("DEADMAN_HANDOFF_SLOTS", "-1"),
     ("DEADMAN_POOL_SIZE", "-1"),
     ("DEADMAN_LOG_FORMAT", "xml"),
 ]

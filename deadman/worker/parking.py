@@ -1,0 +1,150 @@
+"""Handoffs at enqueue (DECISIONS 83): an idle worker parks a few free slots in
+``deadman.parked``; an enqueue that finds one inserts its job already running under
+this worker's lease and sends the job's id on this worker's channel; we take the slot's
+row and run the job (``adopt``). No claim round trip, no claim commit: the handler
+starts about when the enqueue returns.
+
+The slots are this worker's accounting as much as the table's: a parked slot is
+taken from :class:`Slots` when it is parked, so no claim or refill uses it, and comes
+back when it is unparked or when the job handed into it starts (which takes a slot
+of its own). Every row is taken once, by whichever statement deletes it: ``adopt``
+(the notification) or ``unpark`` (before every claim round, and at stop). So a job
+handed off is started once, whatever the channel carries (a payload is input: anyone
+may NOTIFY), and one whose notification was lost is found by the next unpark.
+
+Never trusted beyond its lease: an enqueue started the lease before we knew of it, so
+the job is trusted from the adopting statement's send time only for what that
+statement read was left of it, less the margin; a job with too little left is not
+started (the lease lapses, and the rescuer hands it on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+from deadman import logs, metrics
+from deadman.errors import DatabaseUnavailable
+from deadman.store.handoffs import Adopted, Park
+from deadman.worker.parts import WorkerLoop, WorkerParts
+from deadman.worker.slots import Slots
+
+log = logs.get("deadman.parking")
+
+CHANNEL_PREFIX = "deadman_handoff_"
+
+
+def handoff_channel(worker_id: str) -> str:
+    """The channel a worker hears its handoffs on: one of its own (no worker hears
+    another's), a valid identifier of at most 63 bytes whatever the worker's id."""
+    return CHANNEL_PREFIX + hashlib.blake2b(worker_id.encode(), digest_size=16).hexdigest()
+
+
+class Parking(WorkerLoop):
+    def __init__(self, parts: WorkerParts, slots: Slots) -> None:
+        super().__init__(parts)
+        s = parts.settings
+        # Without LISTEN a handed job would wait for the next unpark: slower than a claim.
+        self.target = s.handoff_slots if s.listen else 0
+        self.channel = handoff_channel(self._worker_id)
+        self._slots = slots
+        self._ttl_ms = int(s.lease_ttl_s * 1000)
+        self._ttl_s = s.lease_ttl_s
+        self._margin_s = s.lease_margin_s
+        self._parked: set[int] = set()
+        self._next = 0
+        self._adopting: set[asyncio.Task[None]] = set()
+        self.adopted = 0
+        #: set while the listener hears our channel (process.py): a slot parked while
+        #: it does not would get its job only at the next unpark
+        self.listening: asyncio.Event | None = None
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
+    def short(self) -> bool:
+        """Fewer slots parked than wanted, and our channel is heard."""
+        heard = self.listening is None or self.listening.is_set()
+        return heard and len(self._parked) < self.target
+
+    async def park(self) -> None:
+        """Park free slots up to the target. A park whose outcome is unknown keeps its
+        slots reserved: the next unpark takes back whatever rows exist."""
+        n = min(self._slots.free(), self.target - len(self._parked))
+        if n <= 0:
+            return
+        first = self._next
+        self._next += n
+        for slot in range(first, first + n):
+            self._slots.take()
+            self._parked.add(slot)
+        park = Park(self._worker_id, self._queues, self.channel, self._ttl_ms, first, n)
+        try:
+            await self._store.worker_park(park)
+        except DatabaseUnavailable as exc:
+            log.warning("park_failed", error=str(exc), slots=n)
+
+    async def unpark(self) -> None:
+        """Take every parked slot back and start the jobs handed into them."""
+        if not self._parked:
+            return
+        try:
+            rows = await self._store.job_unpark(self._worker_id)
+        except DatabaseUnavailable as exc:
+            # Still parked: claims use the other slots; the next unpark tries again.
+            log.warning("unpark_failed", error=str(exc), slots=len(self._parked))
+            return
+        for _ in self._parked:
+            self._slots.give()
+        self._parked.clear()
+        handed = [u for u in rows if u.job_id is not None]
+        if not handed:
+            return
+        sent = time.monotonic()
+        try:
+            adopted = await self._store.job_adopt_read(self._worker_id, handed)
+        except DatabaseUnavailable as exc:
+            # Their leases lapse and the rescuer hands them on.
+            log.warning("adopt_failed", error=str(exc), jobs=len(handed))
+            return
+        for a in adopted:
+            self._start(a, sent)
+
+    def handed(self, job_id: int) -> None:
+        """A notification on our channel named ``job_id`` (parsed by the listener)."""
+        task = asyncio.create_task(self._adopt(job_id))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, job_id: int) -> None:
+        sent = time.monotonic()
+        try:
+            slot, adopted = await self._store.job_adopt(self._worker_id, job_id)
+        except DatabaseUnavailable as exc:
+            # The row stays: the next unpark finds it (or its lease lapses first).
+            log.warning("adopt_failed", error=str(exc), job_id=job_id)
+            return
+        if slot is not None and slot in self._parked:
+            self._parked.discard(slot)
+            self._slots.give()
+        if adopted is not None:
+            self._start(adopted, sent)
+
+    def _start(self, a: Adopted, sent: float) -> None:
+        # trusted until sent + what was left of the lease - the margin (Executor adds
+        # the trust window, TTL - margin, to the time it is given)
+        left_s = a.lease_left_ms / 1000
+        if left_s <= self._margin_s:
+            log.warning("handoff_too_late", job_id=a.job.id, lease_left_ms=a.lease_left_ms)
+            return
+        self.adopted += 1
+        metrics.JOBS_HANDED.labels(a.job.queue).inc()
+        self._executor.start(a.job, sent + left_s - self._ttl_s)
+
+    async def settle(self) -> None:
+        """At stop: the adoptions under way end, then every slot comes back."""
+        if self._adopting:
+            await asyncio.wait(set(self._adopting), timeout=5.0)
+        await self.unpark()
