@@ -64,6 +64,7 @@ from deadman.store import (
 )
 from deadman.store.leases import refill_params
 from deadman.store.submissions import grouped_order, grouped_params
+from deadman.worker.parking import handoff_channel
 from tests.factories import insert_job
 from tests.helpers import wait_for
 
@@ -319,6 +320,46 @@ def _insert_grouped(other: str) -> Callable[[Conn, World], list[DictRow]]:
     return run
 
 
+#: the worker whose parked slot the handoff rows race on (DECISIONS 83)
+PARKER = "race-parker"
+
+
+def _park(conn: Conn, slot: int = 0) -> None:
+    conn.execute(
+        QUERIES["worker_park"],
+        {
+            "worker": PARKER,
+            "queues": [QUEUE],
+            "channel": handoff_channel(PARKER),
+            "ttl_ms": TTL_MS,
+            "first": slot,
+            "slots": 1,
+        },
+    )
+
+
+def _handoff(key: str | None) -> Callable[[Conn, World], list[DictRow]]:
+    """Client.enqueue on its own connection: job_insert that may hand off."""
+
+    def run(conn: Conn, w: World) -> list[DictRow]:
+        new = NewJob("race", queue=QUEUE, idempotency_key=key)
+        return _rows(conn, "job_insert", new.params(5, handoff=True))
+
+    return run
+
+
+def _unpark(conn: Conn, w: World) -> list[DictRow]:
+    """The parker takes its slots back; the jobs handed into them as ``id``."""
+    rows = _rows(conn, "job_unpark", {"worker": PARKER})
+    return [{**r, "id": r["job_id"]} for r in rows if r["job_id"] is not None]  # type: ignore[misc]
+
+
+def _adopt(conn: Conn, w: World) -> list[DictRow]:
+    """The parker's adoption of the job its notification named."""
+    rows = _rows(conn, "job_adopt", {"worker": PARKER, "job_id": w.job})
+    return [r for r in rows if r["id"] is not None]
+
+
 def _made_idem(rows: list[DictRow], w: World) -> bool:
     """The insert created the job holding IDEM (else the caller reads it as a replay)."""
     return any(r["idempotency_key"] == IDEM for r in rows)
@@ -407,6 +448,12 @@ STATEMENTS: dict[str, Stmt] = {
             Stmt(name, ("job_insert_grouped",), _insert_grouped(other), _made_idem, inserts=True)
             for name, other in [("insert_grouped", "race-a"), ("insert_grouped_2", "race-b")]
         ),
+        # handoffs at enqueue (DECISIONS 83): two enqueues for one parked slot, the
+        # parker taking its slots back or adopting the job its notification named
+        Stmt("handoff", ("job_insert",), _handoff(IDEM), _made_idem, inserts=True),
+        Stmt("handoff_2", ("job_insert",), _handoff(None), _any),
+        Stmt("unpark", ("job_unpark",), _unpark, _returned_job),
+        Stmt("adopt", ("job_adopt",), _adopt, _returned_job),
     ]
 }
 
@@ -572,7 +619,43 @@ def _idem_free(conn: Conn) -> World:
     return World(job=j.id)
 
 
+def _parked(behind: bool) -> Callable[[Conn], World]:
+    """A free parked slot of PARKER's for QUEUE; ``job``: with ``behind`` an older due
+    job in QUEUE (no handoff may pass it), else a bystander in another queue."""
+
+    def setup(conn: Conn) -> World:
+        _park(conn)
+        queue = QUEUE if behind else OTHER_QUEUE
+        j = insert_job(conn, state="queued", queue=queue, run_in_s=-1)
+        return World(job=j.id)
+
+    return setup
+
+
+def _handed(lapsed: bool) -> Callable[[Conn], World]:
+    """``job`` was handed to PARKER's parked slot by a real enqueue; its notification
+    is on its way (``lapsed``: so late that the lease has lapsed meanwhile)."""
+
+    def setup(conn: Conn) -> World:
+        _park(conn)
+        (row,) = _handoff(None)(conn, World(job=0))
+        assert row["state"] == "running", row
+        if lapsed:
+            conn.execute(
+                "UPDATE deadman.jobs SET lease_expires_at = now() - interval '10 seconds'"
+                " WHERE id = %s",
+                (row["id"],),
+            )
+        return World(job=int(row["id"]), token=int(row["lease_token"]))
+
+    return setup
+
+
 SETUPS: dict[str, Callable[[Conn], World]] = {
+    "parked": _parked(behind=False),
+    "parked_behind": _parked(behind=True),
+    "handed": _handed(lapsed=False),
+    "handed_lapsed": _handed(lapsed=True),
     "idem_free": _idem_free,
     "idem_queued": _idem("queued", run_in_s=-1),
     "idem_dead_old": _idem("dead", finished_ago_s=2 * 86400),
@@ -706,6 +789,21 @@ MATRIX: list[tuple[str, str, str]] = [
     ("queued_upstream", "retry_downstream", "claim"),
     ("queued_upstream", "replay_downstream", "claim"),
     ("cascaded_beside_queued", "retry_upstream", "claim"),
+    # handoffs at enqueue (DECISIONS 83): one parked slot, two enqueues (one takes it,
+    # SKIP LOCKED, the other queues); the parker unparking meanwhile (it waits for the
+    # enqueue holding the slot, then gets the job); a pause; an older due job being
+    # claimed (no handoff passes it); and a handed job, adopted once, by whichever of
+    # adopt and unpark takes its slot's row, against a cancel and the rescuer
+    ("parked", "handoff", "handoff_2"),
+    ("parked", "handoff", "unpark"),
+    ("parked", "handoff", "pause"),
+    ("parked_behind", "handoff", "claim"),
+    ("handed", "adopt", "adopt"),
+    ("handed", "adopt", "unpark"),
+    ("handed", "adopt", "cancel"),
+    ("handed", "unpark", "cancel"),
+    ("handed_lapsed", "adopt", "rescue"),
+    ("handed_lapsed", "unpark", "rescue"),
 ]
 
 
@@ -719,6 +817,8 @@ class Outcome:
     #: a claim ran second, came back without the job, and a claim of its kind takes
     #: the job now: whether deadman_jobs was notified for its queue meanwhile
     claim_woken: bool | None = None
+    #: what each statement returned, in order (a row may race a statement with itself)
+    rows: list[tuple[str, list[DictRow]]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- running
@@ -791,6 +891,7 @@ def run_case(dsn: str, setup: str, first: str, second: str) -> tuple[World, Outc
                 out.claim_woken = _queue_notified(listener)
     out.acked[first] = a_stmt.acked(a_rows, world)
     out.acked[second] = b_stmt.acked(result["rows"], world)
+    out.rows = [(first, a_rows), (second, result["rows"])]
     return world, out
 
 
@@ -881,6 +982,13 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
         fresh_q = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1, rescues=QUARANTINE_AT)
         _assert_not_claimable(conn, fresh_q.id)
 
+    if toggles and toggles[-1] == "pause":
+        # ... and by the next enqueue that finds a parked slot (DECISIONS 83)
+        with conn.transaction(force_rollback=True):
+            _park(conn, slot=99)
+            (fresh_h,) = _handoff(None)(conn, world)
+            assert fresh_h["state"] == "queued", "handed off into a paused queue"
+
     if toggles and toggles[-1] == "resume":
         fresh = insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
         with conn.transaction(force_rollback=True):
@@ -893,6 +1001,7 @@ def check_invariants(conn: Conn, world: World, out: Outcome) -> None:
     )
 
     _assert_one_job_per_key(conn, world, out)
+    _assert_handoffs(conn, world, out)
 
     _assert_workflow_counters(conn, world)
     _assert_dependency_counters(conn)
@@ -922,6 +1031,40 @@ def _assert_one_job_per_key(conn: Conn, world: World, out: Outcome) -> None:
         assert pruned_first and len(made) == 1, f"{made} made a second job for a taken key"
     if made:
         assert rows, f"{made} was acknowledged, then its job vanished"
+
+
+def _assert_handoffs(conn: Conn, world: World, out: Outcome) -> None:
+    """Handoffs (DECISIONS 83): a parked row holds the job an enqueue handed into it
+    under that job's lease; a handed job is taken (adopt or unpark) at most once, and
+    one still running under the handoff's lease that nobody took is still in its row
+    (never lost: the parker's next unpark finds it); a handoff never passes an older
+    due job."""
+    slots = conn.execute(
+        "SELECT p.job_id, p.lease_token AS slot_token, j.lease_token, j.lease_worker, j.state"
+        " FROM deadman.parked p LEFT JOIN deadman.jobs j ON j.id = p.job_id"
+        " WHERE p.job_id IS NOT NULL"
+    ).fetchall()
+    for s in slots:
+        if s["state"] == "running" and s["lease_token"] == s["slot_token"]:
+            assert s["lease_worker"] == PARKER, s
+    in_rows = {int(s["job_id"]) for s in slots}
+    taken = [int(r["id"]) for n, rows in out.rows if n in ("adopt", "unpark") for r in rows]
+    assert len(taken) == len(set(taken)), f"a handed job was taken twice: {taken}"
+    handed = conn.execute(
+        "SELECT id, lease_token FROM deadman.jobs WHERE lease_worker = %s AND state = 'running'"
+        " AND started_at = created_at",
+        (PARKER,),
+    ).fetchall()
+    for h in handed:
+        assert h["id"] in in_rows or h["id"] in taken, f"handed job {h['id']} lost its slot"
+        assert not (h["id"] in in_rows and h["id"] in taken), f"job {h['id']} taken and kept"
+    made = [r for n, rows in out.rows if n.startswith("handoff") for r in rows]
+    if any(r["state"] == "running" for r in made) and world.job is not None:
+        older = conn.execute(
+            "SELECT queue, state FROM deadman.jobs WHERE id = %s", (world.job,)
+        ).fetchone()
+        if older is not None and older["queue"] == QUEUE:
+            assert older["state"] != "queued", "a handoff passed an older due job"
 
 
 def _assert_limits_held(conn: Conn, world: World, out: Outcome) -> None:

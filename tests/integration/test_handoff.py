@@ -1,0 +1,309 @@
+"""Handoff at enqueue (DECISIONS 83, migration 0021), statement by statement on a real
+Postgres: when an enqueue hands its job to a parked slot, and every case where it must
+not (the job then queues exactly as before); what adopt, unpark and the heartbeat do
+with the slots; and which callers may hand off at all.
+
+The races between these statements and the rest are rows of the race matrix
+(tests/integration/test_race_matrix.py); a real worker process that dies parked is
+tests/acceptance/test_handoff_process.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import DictRow
+
+from deadman.client import Client
+from deadman.db.queries import QUERIES
+from deadman.store import NewJob
+from deadman.worker.parking import handoff_channel
+from tests.factories import connect, insert_job
+
+Conn = psycopg.Connection[DictRow]
+
+WORKER = "parker"
+QUEUE = "handoff"
+TTL_MS = 30_000
+
+
+def park(conn: Conn, slots: int = 1, *, worker: str = WORKER, queues: tuple[str, ...] = (QUEUE,),
+         first: int = 0, ttl_ms: int = TTL_MS) -> None:  # fmt: skip
+    conn.execute(
+        QUERIES["worker_park"],
+        {
+            "worker": worker,
+            "queues": list(queues),
+            "channel": handoff_channel(worker),
+            "ttl_ms": ttl_ms,
+            "first": first,
+            "slots": slots,
+        },
+    )
+
+
+def enqueue(conn: Conn, *, handoff: bool = True, **params: Any) -> DictRow | None:
+    """job_insert as an enqueue on its own sends it; ``params`` override its values."""
+    values = NewJob("h.job", queue=QUEUE).params(5, handoff=handoff)
+    values.update(params)
+    return conn.execute(QUERIES["job_insert"], values).fetchone()
+
+
+def parked(conn: Conn) -> list[DictRow]:
+    return conn.execute("SELECT * FROM deadman.parked ORDER BY worker, slot").fetchall()
+
+
+def test_an_enqueue_on_its_own_hands_its_job_to_a_parked_slot(db_dsn: str) -> None:
+    with connect(db_dsn) as conn, connect(db_dsn) as listener:
+        listener.execute(f'LISTEN "{handoff_channel(WORKER)}"')
+        park(conn)
+        job = enqueue(conn)
+        assert job is not None
+        # born as deadman.job_start would have started it, under the parker's lease
+        assert job["state"] == "running"
+        assert (job["attempt"], job["lease_worker"]) == (1, WORKER)
+        assert job["lease_token"] is not None and job["started_at"] is not None
+        left = (job["lease_expires_at"] - job["started_at"]).total_seconds()
+        assert left == TTL_MS / 1000
+        (slot,) = parked(conn)
+        assert (slot["job_id"], slot["lease_token"]) == (job["id"], job["lease_token"])
+        # the parker alone is told, with the job's id
+        notes = [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
+        assert notes == [(handoff_channel(WORKER), str(job["id"]))]
+        # a second enqueue finds no free slot: queued, as without handoffs
+        second = enqueue(conn)
+        assert second is not None and second["state"] == "queued"
+        assert second["lease_token"] is None and second["attempt"] == 0
+
+
+def _older_due(conn: Conn) -> None:
+    insert_job(conn, state="queued", queue=QUEUE, run_in_s=-1)
+
+
+def _older_retrying(conn: Conn) -> None:
+    insert_job(conn, state="retrying", queue=QUEUE, run_in_s=-1)
+
+
+def _paused(conn: Conn) -> None:
+    conn.execute("INSERT INTO deadman.queues (name, paused) VALUES (%s, true)", (QUEUE,))
+
+
+def _expired_slot(conn: Conn) -> None:
+    conn.execute("UPDATE deadman.parked SET expires_at = now() - interval '1 second'")
+
+
+def _other_queue(conn: Conn) -> None:
+    conn.execute("UPDATE deadman.parked SET queues = '{elsewhere}'")
+
+
+def _nothing(conn: Conn) -> None:
+    pass
+
+
+PAST = datetime(2000, 1, 1, tzinfo=UTC)
+
+#: (what the world holds besides the parked slot, job_insert's overrides, the state the
+#: job must be born in)
+REFUSALS: dict[str, tuple[Callable[[Conn], None], dict[str, Any], str]] = {
+    "inside a caller's transaction": (_nothing, {"handoff": False}, "queued"),
+    "an older due job waits": (_older_due, {}, "queued"),
+    "an older retrying job is due": (_older_retrying, {}, "queued"),
+    "the queue is paused": (_paused, {}, "queued"),
+    "keyed (its limit decides)": (_nothing, {"limit_key": "k"}, "queued"),
+    "scheduled later": (_nothing, {"delay_ms": 60_000}, "scheduled"),
+    "waiting for dependencies": (_nothing, {"pending_deps": 1}, "waiting"),
+    "born cancelled by its upstream": (_nothing, {"upstream_error": "x"}, "cancelled"),
+    "past its start_by": (_nothing, {"start_by": PAST}, "queued"),
+    "past its deadline": (_nothing, {"deadline": PAST}, "queued"),
+    "the slot's worker stopped renewing it": (_expired_slot, {}, "queued"),
+    "the slot is for other queues": (_other_queue, {}, "queued"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_no_handoff_when(db_dsn: str, case: str) -> None:
+    world, params, born = REFUSALS[case]
+    with connect(db_dsn) as conn:
+        park(conn)
+        world(conn)
+        job = enqueue(conn, **params)
+        assert job is not None
+        assert (job["state"], job["lease_worker"], job["attempt"]) == (born, None, 0)
+        (slot,) = parked(conn)
+        assert slot["job_id"] is None, "a slot was taken for a job that was not handed off"
+
+
+def test_an_older_job_not_yet_due_does_not_hold_a_handoff_back(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        park(conn)
+        insert_job(conn, state="scheduled", queue=QUEUE, run_in_s=60)
+        insert_job(conn, state="queued", queue="elsewhere", run_in_s=-1)
+        job = enqueue(conn)
+        assert job is not None and job["state"] == "running"
+
+
+def test_a_taken_idempotency_key_inserts_nothing_and_takes_no_slot(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        held = insert_job(conn, state="succeeded", queue="elsewhere", idempotency_key="k1")
+        park(conn)
+        assert enqueue(conn, idempotency_key="k1", request_hash="h") is None
+        (slot,) = parked(conn)
+        assert slot["job_id"] is None
+        row = conn.execute("SELECT count(*) AS n FROM deadman.jobs").fetchone()
+        assert row is not None and row["n"] == 1 and held.id
+
+
+def test_two_slots_take_two_jobs_and_a_third_queues(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        park(conn, 2)
+        states = [(enqueue(conn) or {}).get("state") for _ in range(3)]
+        assert states == ["running", "running", "queued"]
+        assert sorted(s["job_id"] is not None for s in parked(conn)) == [True, True]
+
+
+def test_adopt_takes_a_handed_row_once_and_only_the_parkers(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        park(conn)
+        job = enqueue(conn)
+        assert job is not None
+        other = insert_job(conn, state="running", queue=QUEUE, lease_worker="someone-else")
+        adopt = QUERIES["job_adopt"]
+        # another worker naming the job: not its row
+        assert conn.execute(adopt, {"worker": "intruder", "job_id": job["id"]}).fetchall() == []
+        # the parker naming a job that was never handed to it (a forged notification)
+        assert conn.execute(adopt, {"worker": WORKER, "job_id": other.id}).fetchall() == []
+        (row,) = conn.execute(adopt, {"worker": WORKER, "job_id": job["id"]}).fetchall()
+        assert (row["slot"], row["id"], row["lease_token"]) == (0, job["id"], job["lease_token"])
+        assert 0 < row["lease_left_ms"] <= TTL_MS
+        # replayed: the row is gone, nothing is adopted twice
+        assert conn.execute(adopt, {"worker": WORKER, "job_id": job["id"]}).fetchall() == []
+        assert parked(conn) == []
+
+
+def test_adopt_gives_the_slot_back_without_a_job_whose_lease_has_lapsed(db_dsn: str) -> None:
+    """A handoff the worker learnt of too late (paused past its lease): the rescuer's
+    now. The row goes (the slot comes back to the worker); no job is returned."""
+    with connect(db_dsn) as conn:
+        park(conn)
+        job = enqueue(conn)
+        assert job is not None
+        conn.execute(
+            "UPDATE deadman.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+            (job["id"],),
+        )
+        (row,) = conn.execute(
+            QUERIES["job_adopt"], {"worker": WORKER, "job_id": job["id"]}
+        ).fetchall()
+        assert (row["slot"], row["id"]) == (0, None)
+
+
+def test_unpark_returns_every_slot_and_the_jobs_handed_into_them(db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        park(conn, 3)
+        park(conn, 1, worker="another")
+        job = enqueue(conn)
+        assert job is not None
+        rows = conn.execute(QUERIES["job_unpark"], {"worker": job["lease_worker"]}).fetchall()
+        handed = [r for r in rows if r["job_id"] is not None]
+        assert len(rows) == (3 if job["lease_worker"] == WORKER else 1) and len(handed) == 1
+        (read,) = conn.execute(
+            QUERIES["job_adopt_read"],
+            {
+                "worker": job["lease_worker"],
+                "ids": [handed[0]["job_id"]],
+                "tokens": [handed[0]["lease_token"]],
+            },
+        ).fetchall()
+        assert (read["id"], read["state"]) == (job["id"], "running")
+        # the other worker's slots are untouched
+        assert {r["worker"] for r in parked(conn)} == {WORKER, "another"} - {job["lease_worker"]}
+
+
+def test_the_heartbeat_keeps_slots_open_and_prune_and_deregister_remove_them(
+    db_dsn: str,
+) -> None:
+    with connect(db_dsn) as conn:
+        park(conn, 2)
+        park(conn, 1, worker="dead-parker")
+        conn.execute("UPDATE deadman.parked SET expires_at = now() - interval '1 hour'")
+        conn.execute(
+            QUERIES["job_heartbeat_many"],
+            {
+                "worker": WORKER,
+                "hostname": "h",
+                "pid": 1,
+                "queues": [QUEUE],
+                "concurrency": 4,
+                "ttl_ms": TTL_MS,
+                "ids": [],
+                "tokens": [],
+            },
+        )
+        fresh = {r["worker"]: r["expires_at"] > datetime.now(UTC) for r in parked(conn)}
+        assert fresh == {WORKER: True, "dead-parker": False}
+        conn.execute(QUERIES["worker_prune_stale"], {"older_than_ms": 60_000})
+        assert {r["worker"] for r in parked(conn)} == {WORKER}
+        conn.execute(QUERIES["worker_deregister"], {"worker": WORKER})
+        assert parked(conn) == []
+
+
+def test_the_client_hands_off_only_outside_the_callers_transaction(db_dsn: str) -> None:
+    with connect(db_dsn) as conn, Client(db_dsn) as client:
+        park(conn, 2, queues=("default",))
+        with psycopg.connect(db_dsn) as theirs, theirs.transaction():
+            inside = client.enqueue("h.job", conn=theirs)
+        assert inside.state.value == "queued"
+        # the job just queued is ahead of the next one: taken by a claim first
+        conn.execute("DELETE FROM deadman.jobs")
+        own = client.enqueue("h.job")
+        assert own.state.value == "running" and own.lease is not None
+        assert own.lease.worker == WORKER
+
+
+def test_a_role_that_may_not_mint_lease_tokens_queues_instead(db_dsn: str) -> None:
+    """deadman_api (the API server's role) may not take nextval of the lease token
+    sequence (test_api_role.py): its enqueues queue, and fail nothing."""
+    with connect(db_dsn) as conn:
+        park(conn)
+        conn.execute("SET ROLE deadman_api")
+        job = enqueue(conn)
+        conn.execute("RESET ROLE")
+        assert job is not None and job["state"] == "queued"
+        assert parked(conn)[0]["job_id"] is None
+
+
+def test_a_parked_slot_is_taken_before_a_claim_could_see_the_job(db_dsn: str) -> None:
+    """The handed job is never also claimable: a claim in its queue right after the
+    enqueue finds nothing."""
+    with connect(db_dsn) as conn:
+        park(conn)
+        job = enqueue(conn)
+        assert job is not None
+        claimed = conn.execute(
+            QUERIES["job_claim"],
+            {
+                "queue": QUEUE,
+                "worker": "claimer",
+                "limit": 10,
+                "ttl_ms": TTL_MS,
+                "quarantine_at": 5,
+                "keyed": True,
+            },
+        ).fetchall()
+        assert claimed == []
+
+
+def test_parked_slots_of_a_worker_past_its_ttl_are_ignored_even_before_prune(
+    db_dsn: str,
+) -> None:
+    with connect(db_dsn) as conn:
+        park(conn, ttl_ms=1)
+        conn.execute("SELECT pg_sleep(0.01)")
+        job = enqueue(conn)
+        assert job is not None and job["state"] == "queued"
+        now = conn.execute("SELECT now() AS t").fetchone()
+        assert now is not None and parked(conn)[0]["expires_at"] < now["t"] + timedelta(0)
