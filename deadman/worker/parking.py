@@ -96,9 +96,16 @@ class Parking(WorkerLoop):
             # Still parked: claims use the other slots; the next unpark tries again.
             log.warning("unpark_failed", error=str(exc), slots=len(self._parked))
             return
-        for _ in self._parked:
-            self._slots.give()
-        self._parked.clear()
+        for u in rows:
+            self._release(u.slot)
+        # A row we parked and did not get back was taken by an adoption under way (its
+        # notification came first): it settles that slot. Once none is under way, a
+        # slot still parked has no row at all (a park whose commit we never saw, a
+        # row pruned or lost with a crash of Postgres) and comes back here.
+        if self._parked and self._adopting:
+            await asyncio.wait(set(self._adopting), timeout=5.0)
+        for slot in list(self._parked):
+            self._release(slot)
         handed = [u for u in rows if u.job_id is not None]
         if not handed:
             return
@@ -126,11 +133,16 @@ class Parking(WorkerLoop):
             # The row stays: the next unpark finds it (or its lease lapses first).
             log.warning("adopt_failed", error=str(exc), job_id=job_id)
             return
-        if slot is not None and slot in self._parked:
-            self._parked.discard(slot)
-            self._slots.give()
+        if slot is not None:
+            self._release(slot)
         if adopted is not None:
             self._start(adopted, sent)
+
+    def _release(self, slot: int) -> None:
+        """The slot is no longer parked: give it back (once)."""
+        if slot in self._parked:
+            self._parked.discard(slot)
+            self._slots.give()
 
     def _start(self, a: Adopted, sent: float) -> None:
         # trusted until sent + what was left of the lease - the margin (Executor adds

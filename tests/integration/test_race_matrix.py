@@ -351,7 +351,7 @@ def _handoff(key: str | None) -> Callable[[Conn, World], list[DictRow]]:
 def _unpark(conn: Conn, w: World) -> list[DictRow]:
     """The parker takes its slots back; the jobs handed into them as ``id``."""
     rows = _rows(conn, "job_unpark", {"worker": PARKER})
-    return [{**r, "id": r["job_id"]} for r in rows if r["job_id"] is not None]  # type: ignore[misc]
+    return [{**r, "id": r["job_id"]} for r in rows if r["job_id"] is not None]
 
 
 def _adopt(conn: Conn, w: World) -> list[DictRow]:

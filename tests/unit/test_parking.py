@@ -1,0 +1,214 @@
+"""The worker's slot accounting around handoffs (deadman.worker.parking): whatever
+order the database answers park, unpark and adopt in, every parked slot comes back
+exactly once, to the claims or to the job handed into it; never twice (the worker
+would run more handlers than its slots) and never not at all (a slot lost for good).
+
+The statements themselves run on Postgres in tests/integration/test_handoff.py and
+the race matrix; here a store answers as Postgres would in each interleaving, so that
+the interleaving is the test's to choose."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from deadman.config import Settings
+from deadman.errors import DatabaseUnavailable
+from deadman.model import Job, JobState
+from deadman.store.handoffs import Adopted, Park, Unparked
+from deadman.worker.inflight import Inflight
+from deadman.worker.parking import Parking, handoff_channel
+from deadman.worker.parts import WorkerParts
+from deadman.worker.slots import Slots
+
+SETTINGS = Settings(concurrency=4, handoff_slots=4, lease_ttl_s=10.0, heartbeat_s=2.0)
+
+
+def job(job_id: int) -> Job:
+    now = datetime.now(UTC)
+    return Job.from_row(
+        {
+            "id": job_id,
+            "type": "t",
+            "queue": "default",
+            "priority": 0,
+            "state": JobState.RUNNING.value,
+            "attempt": 1,
+            "max_attempts": 5,
+            "run_at": now,
+            "created_at": now,
+        }
+    )
+
+
+class Store:
+    """Answers as Postgres would for the interleaving the test sets up."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, int | None] = {}  # slot -> job handed into it
+        self.fail_park = False
+        #: adopt waits on this before it answers (an adoption under way)
+        self.adopt_gate: asyncio.Event | None = None
+
+    async def worker_park(self, p: Park) -> None:
+        if self.fail_park:
+            raise DatabaseUnavailable("park lost")
+        for slot in range(p.first, p.first + p.slots):
+            self.rows[slot] = None
+
+    async def job_unpark(self, worker: str) -> list[Unparked]:
+        out = [Unparked(s, j, None if j is None else 7) for s, j in self.rows.items()]
+        self.rows.clear()
+        return out
+
+    async def job_adopt(self, worker: str, job_id: int) -> tuple[int | None, Adopted | None]:
+        found = [s for s, j in self.rows.items() if j == job_id]
+        if not found:
+            return None, None
+        del self.rows[found[0]]  # the row is taken now; the answer may come later
+        if self.adopt_gate is not None:
+            await self.adopt_gate.wait()
+        return found[0], Adopted(job(job_id), 9_000)
+
+    async def job_adopt_read(self, worker: str, handed: Sequence[Unparked]) -> list[Adopted]:
+        return [Adopted(job(u.job_id), 9_000) for u in handed if u.job_id is not None]
+
+
+class Executor:
+    def __init__(self, slots: Slots) -> None:
+        self.slots = slots
+        self.started: list[int] = []
+
+    def start(self, j: Job, claimed_at: float) -> None:
+        self.slots.take()
+        self.started.append(j.id)
+
+
+def parking(settings: Settings = SETTINGS) -> tuple[Parking, Store, Slots, Executor]:
+    slots = Slots(settings.concurrency)
+    store, executor = Store(), Executor(slots)
+    parts = WorkerParts(
+        store=store,  # type: ignore[arg-type]
+        settings=settings,
+        inflight=Inflight(),
+        executor=executor,  # type: ignore[arg-type]
+        worker_id="w",
+        queues=["default"],
+    )
+    return Parking(parts, slots), store, slots, executor
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_park_reserves_free_slots_up_to_the_target_and_unpark_gives_them_back() -> None:
+    async def main() -> None:
+        p, store, slots, _ = parking()
+        slots.take()  # one job running
+        await p.park()
+        assert (p.parked, slots.free(), len(store.rows)) == (3, 0, 3)
+        await p.unpark()
+        assert (p.parked, slots.free(), store.rows) == (0, 3, {})
+
+    run(main())
+
+
+def test_a_handed_job_takes_over_its_slot() -> None:
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.rows[1] = 42  # an enqueue handed job 42 into slot 1
+        p.handed(42)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert executor.started == [42]
+        assert (p.parked, slots.used) == (3, 4)
+        p.handed(42)  # replayed: the row is gone
+        await asyncio.sleep(0)
+        assert executor.started == [42] and slots.used == 4
+
+    run(main())
+
+
+def test_unpark_starts_the_jobs_whose_notifications_were_lost() -> None:
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.rows[0], store.rows[2] = 5, 6
+        await p.unpark()
+        assert sorted(executor.started) == [5, 6]
+        assert (p.parked, slots.used) == (0, 2)
+
+    run(main())
+
+
+def test_an_adoption_under_way_settles_its_own_slot_while_unpark_runs() -> None:
+    """The notification's adopt took slot 1's row before the unpark's DELETE, and
+    answers after it: the unpark must not give slot 1 back as well."""
+
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.rows[1] = 42
+        store.adopt_gate = asyncio.Event()
+        p.handed(42)
+        await asyncio.sleep(0)  # adopt has taken the row, not answered
+        unpark = asyncio.create_task(p.unpark())
+        await asyncio.sleep(0)
+        assert not unpark.done(), "unpark must wait for the adoption under way"
+        store.adopt_gate.set()
+        await unpark
+        assert executor.started == [42]
+        assert (p.parked, slots.used) == (0, 1), "a slot given back twice or lost"
+
+    run(main())
+
+
+def test_a_park_whose_outcome_is_unknown_comes_back_at_the_next_unpark() -> None:
+    async def main() -> None:
+        p, store, slots, _ = parking()
+        store.fail_park = True
+        await p.park()
+        assert (p.parked, slots.free()) == (4, 0)  # reserved: the rows may exist
+        await p.unpark()
+        assert (p.parked, slots.free()) == (0, 4)
+
+    run(main())
+
+
+@pytest.mark.parametrize("left_ms", [0, 1_000, 2_000])
+def test_a_handoff_with_no_more_lease_than_the_margin_is_not_started(left_ms: int) -> None:
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.rows[0] = 8
+
+        async def adopt(worker: str, job_id: int) -> tuple[int | None, Adopted | None]:
+            del store.rows[0]
+            return 0, Adopted(job(8), left_ms)
+
+        store.job_adopt = adopt  # type: ignore[method-assign]
+        p.handed(8)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert executor.started == [] and slots.used == 3  # its slot is back
+
+    assert SETTINGS.lease_margin_s == 2.0
+    run(main())
+
+
+def test_no_handoffs_without_a_listener() -> None:
+    p, *_ = parking(replace(SETTINGS, listen=False))
+    assert p.target == 0 and not p.short()
+
+
+def test_the_channel_is_a_short_identifier_of_its_own_per_worker() -> None:
+    long_id = "host-" + "x" * 300
+    a, b = handoff_channel(long_id), handoff_channel(long_id + "y")
+    assert a != b and len(a.encode()) <= 63 and a.isidentifier()
