@@ -58,6 +58,12 @@ def add_parsers(
         "own database",
     )
     ch.add_argument(
+        "--handoffs",
+        action="store_true",
+        help="jobs enqueued one at a time, handed off to idle workers' parked slots, under "
+        "kills; own database",
+    )
+    ch.add_argument(
         "--hosts",
         action="store_true",
         help="API and two worker hosts in network namespaces, one cut off and healed, "

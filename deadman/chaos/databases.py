@@ -41,6 +41,15 @@ class Databases:
             self.cluster = devdb.throwaway(prefix="deadman-chaos-")
         return self._create("chaos_operators")
 
+    def handoffs(self, alone: bool) -> str | None:
+        """The handoffs scenario's own database (its jobs go in one by one, not as the
+        load phase's count); as :meth:`operators`."""
+        if self.database_url:
+            return self.load() if alone else None
+        if self.cluster is None:
+            self.cluster = devdb.throwaway(prefix="deadman-chaos-")
+        return self._create("chaos_handoffs")
+
     def destroy(self) -> None:
         """The private cluster goes away, unless ``--keep``."""
         if self.cluster is not None and not self.keep:

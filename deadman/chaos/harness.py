@@ -31,6 +31,10 @@ modules named in brackets do the work:
    the exactly-once count above needs), with a fleet and an API server of its own,
    scaled to a tenth of ``--jobs`` unless it runs alone; verified by
    ``verify_ops.sql`` against the journal of what the operator was told.
+7. **Handoffs under fire** (``handoffs``, the ``handoffs`` scenario, in ``--all``):
+   then, in a database of its own, jobs enqueued one at a time to an idle fleet, so
+   that most are handed off at enqueue (DECISIONS 83), while workers are SIGKILLed;
+   verified by ``verify.sql`` and ``verify_handoffs.sql``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ from deadman.chaos import report
 from deadman.chaos.checks import load_checks
 from deadman.chaos.databases import Databases
 from deadman.chaos.faults import Applied
+from deadman.chaos.handoffs import RATE, HandoffsConfig, HandoffsPhase
+from deadman.chaos.handoffs import VERIFY_SQL as HANDOFFS_SQL
+from deadman.chaos.handoffs import text as handoffs_text
 from deadman.chaos.limits import KEYS
 from deadman.chaos.load import LoadPhase, RunClock
 from deadman.chaos.operators import OperatorsPhase
@@ -77,10 +84,12 @@ class Run:
         self.log_dir = Path(tempfile.mkdtemp(prefix="deadman-chaos-logs-"))
         try:
             result: dict[str, Any] | None = None
-            if self.opts.scenarios - {"operators"}:
+            if self.opts.scenarios - {"operators", "handoffs"}:
                 result = self._load(self.dbs.load())
             if "operators" in self.opts.scenarios:
                 result = self._operators(result)
+            if "handoffs" in self.opts.scenarios:
+                result = self._handoffs(result)
             assert result is not None
             return self._finish(result)
         finally:
@@ -143,12 +152,40 @@ class Run:
         print(report.operators_text(out))
         return result
 
+    def _handoffs(self, result: dict[str, Any] | None) -> dict[str, Any]:
+        """Run the handoffs scenario; its checks join the report's."""
+        o = self.opts
+        if result is None:
+            result = {"options": {"seed": o.seed, "scenarios": sorted(o.scenarios)}, "checks": []}
+            self.clock.restart()
+        dsn = self.dbs.handoffs(alone=set(o.scenarios) == {"handoffs"})
+        if dsn is None:
+            result["handoffs"] = {
+                "skipped": "needs the private cluster (with --database-url "
+                "the handoffs scenario runs alone: a database per run)"
+            }
+            print(f"handoffs: {result['handoffs']['skipped']}")
+            return result
+        began = time.monotonic()
+        cfg = HandoffsConfig.of(o)
+        print(
+            f"\nhandoffs under fire: {cfg.jobs} jobs enqueued one by one at {RATE:g}/s, "
+            f"{o.workers} workers, kill-rate {o.kill_rate} per {o.kill_interval} s",
+            flush=True,
+        )
+        out = HandoffsPhase(cfg, dsn, self.log_dir, lambda: time.monotonic() - began).run()
+        self.applied += out.applied
+        result["handoffs"] = {**out.report, "verifier_sql": HANDOFFS_SQL}
+        result["checks"] = result["checks"] + [c.to_json() for c in out.checks]
+        print(handoffs_text(out))
+        return result
+
     def _finish(self, result: dict[str, Any]) -> int:
         """The verdict over every phase; the JSON report; the logs kept or removed."""
         o = self.opts
         passed = all(c["passed"] for c in result["checks"])
         result["verdict"] = "PASS" if passed else "FAIL"
-        if "operators" in result:
+        if "operators" in result or "handoffs" in result:
             n_ok = sum(1 for c in result["checks"] if c["passed"])
             print(
                 f"verdict (every scenario): {result['verdict']} ({n_ok}/"

@@ -21,6 +21,7 @@ SCENARIOS = (
     "submit-faults",
     "limits",
     "operators",
+    "handoffs",
     "hosts",
 )
 #: Run only when asked for by name, not with --all: the hosts scenario needs root for

@@ -190,6 +190,25 @@ def test_reduced_run_of_every_scenario_over_http(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_jobs_handed_off_at_enqueue_under_kills_run_exactly_once(tmp_path: Path) -> None:
+    """The handoffs scenario alone, small (DECISIONS 83): jobs enqueued one at a time
+    to an idle fleet, most handed straight to a parked slot, while workers are
+    SIGKILLed, some with slots parked and jobs handed into them: every job ran, its
+    effect exactly once and under the succeeding attempt's lease."""
+    code, report, out = chaos(
+        tmp_path, "--jobs", "600", *SMALL, "--seed", "3", "--handoffs",
+    )  # fmt: skip
+    assert code == 0, f"{failed(report)}\n{out[-3000:]}"
+    h = report["handoffs"]
+    f = h["figures"]
+    assert f["effects"]["exactly_once"] == 600 and f["effects"]["doubled_jobs"] == 0
+    assert f["handoffs"]["jobs_handed"] >= 300, f["handoffs"]
+    assert h["fleet"]["sigkills"] > 0
+    assert "handoffs under fire" in out and "-- name: handoffs" in h["verifier_sql"]
+    assert report["verdict"] == "PASS"
+
+
+@pytest.mark.slow
 def test_operators_under_fire_lose_no_acknowledged_retry_and_honour_every_cancel(
     tmp_path: Path,
 ) -> None:

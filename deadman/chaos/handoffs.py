@@ -1,0 +1,244 @@
+"""Handoffs under fire (``deadman chaos``'s ``handoffs`` scenario, in ``--all``).
+
+The load phase keeps the fleet busy, so its workers never park a slot and no job there
+is handed off at enqueue (DECISIONS 83). Here, in a database of its own, jobs go in
+one at a time through the Python client (``Client.enqueue``, each its own transaction)
+at a pace an idle fleet keeps up with, so most are handed straight to a parked slot,
+while workers are SIGKILLed on the tick as in the load phase: a worker killed with
+slots parked can take jobs into its lease until those slots lapse, and the rescuer
+must hand them on. The verdict is verify.sql's (every acknowledged job once, effects
+exactly once and under the succeeding attempt's lease) and verify_handoffs.sql's:
+most attempts were handoffs, and the ones handed to a dead worker were rescued.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from deadman.chaos.faults import Applied, FaultPlan
+from deadman.chaos.kills import kill_workers
+from deadman.chaos.options import Options
+from deadman.chaos.probe import Db
+from deadman.chaos.submit import JOB_BACKOFF, JOB_MAX_ATTEMPTS
+from deadman.chaos.verify import Check, database_checks, figures, run_queries
+from deadman.chaos.workers import WorkerPool
+from deadman.client import Client
+from deadman.db.queries import parse
+from deadman.errors import DeadmanError
+
+VERIFY_SQL = (
+    resources.files("deadman.chaos").joinpath("verify_handoffs.sql").read_text(encoding="utf-8")
+)
+#: Jobs a second: one at a time, well within what an idle fleet runs at once.
+RATE = 100.0
+#: Most jobs the scenario sends (20 s at RATE).
+MAX_JOBS = 2000
+#: The share of attempts that must have been handoffs: the fleet is idle between jobs,
+#: so nearly all are (a worker just started, or one whose slots are all in use, claims).
+MIN_HANDED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class HandoffsConfig:
+    opts: Options
+    jobs: int
+
+    @property
+    def prefix(self) -> str:
+        return f"chaos-{self.opts.seed}-handoff-"
+
+    @classmethod
+    def of(cls, opts: Options) -> HandoffsConfig:
+        return cls(opts, min(opts.jobs, MAX_JOBS))
+
+
+@dataclass
+class Outcome:
+    checks: list[Check]
+    report: dict[str, Any]
+    applied: list[Applied] = field(default_factory=list)
+
+
+class Trickle(threading.Thread):
+    """Enqueues the jobs one by one at RATE; a failed enqueue is sent again under its
+    idempotency key (a replay returns the job it made)."""
+
+    def __init__(self, cfg: HandoffsConfig, dsn: str, deadline: float) -> None:
+        super().__init__(name="chaos-trickle", daemon=True)
+        self.cfg = cfg
+        self.dsn = dsn
+        self.deadline = deadline
+        self.acked = 0
+        self.resends = 0
+        self.error: str | None = None
+        self.submit_s = 0.0
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            with Client(self.dsn) as client:
+                for n in range(self.cfg.jobs):
+                    next_at = started + n / RATE
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+                    self._send(client, n)
+                    self.acked += 1
+        except DeadmanError as exc:
+            self.error = str(exc)
+        finally:
+            self.submit_s = time.monotonic() - started
+
+    def _send(self, client: Client, n: int) -> None:
+        delay = 0.05
+        while True:
+            try:
+                client.enqueue(
+                    "chaos-effect",
+                    {"ms": n % (self.cfg.opts.handler_ms + 1)},
+                    max_attempts=JOB_MAX_ATTEMPTS,
+                    backoff=JOB_BACKOFF,
+                    idempotency_key=f"{self.cfg.prefix}{n}",
+                )
+                return
+            except (DeadmanError, psycopg.Error) as exc:
+                if time.monotonic() > self.deadline:
+                    raise DeadmanError(f"submission stopped: {exc}") from exc
+                self.resends += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+class HandoffsPhase:
+    """The whole scenario on one (empty, migrated) database: start a fleet, trickle
+    jobs in while kills go on, drain, verify."""
+
+    def __init__(
+        self, cfg: HandoffsConfig, dsn: str, log_dir: Path, clock: Callable[[], float]
+    ) -> None:
+        self.cfg = cfg
+        self.dsn = dsn
+        self.log_dir = log_dir
+        self.clock = clock
+        self.db = Db(dsn)
+        self.applied: list[Applied] = []
+        self.kills_withheld = 0
+
+    def run(self) -> Outcome:
+        o = self.cfg.opts
+        started = time.monotonic()
+        deadline = started + o.timeout
+        pool = WorkerPool(self.dsn, o.workers, o.worker_env(), self.log_dir / "handoffs")
+        plan = FaultPlan(o.seed, o.workers, o.kill_rate, True, False)
+        trickle = Trickle(self.cfg, self.dsn, deadline)
+        drained_s: float | None = None
+        try:
+            pool.start_all()
+            trickle.start()
+            self._kill_while(trickle, pool, plan, deadline)
+            trickle.join(timeout=max(0.0, deadline - time.monotonic()))
+            drained_s = self._drain(pool, deadline, started)
+        finally:
+            pool.stop_all()
+        f = figures(self.dsn, self.cfg.prefix, trickle.acked)
+        handed = run_queries(self.dsn, parse(VERIFY_SQL), {})["handoffs"]
+        checks = [
+            Check(f"handoffs: {c.name}", c.passed, c.detail)
+            for c in database_checks(f, trickle.acked, faults=False)
+        ] + self._checks(trickle, pool, drained_s, handed)
+        report = {
+            "jobs": self.cfg.jobs,
+            "rate": RATE,
+            "figures": {**f, "handoffs": handed},
+            "fleet": pool.summary(),
+            "kills_withheld": self.kills_withheld,
+            "resends": trickle.resends,
+            "submit_s": round(trickle.submit_s, 2),
+            "drained_s": drained_s,
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        return Outcome(checks, report, self.applied)
+
+    def _checks(
+        self,
+        trickle: Trickle,
+        pool: WorkerPool,
+        drained_s: float | None,
+        h: dict[str, int],
+    ) -> list[Check]:
+        attempts = h["handed_attempts"] + h["claimed_attempts"]
+        return [
+            Check(
+                "handoffs: every job acknowledged, drained (harness)",
+                trickle.acked == self.cfg.jobs and trickle.error is None and drained_s is not None,
+                f"{trickle.acked} of {self.cfg.jobs} in {trickle.submit_s:.1f} s "
+                f"({trickle.resends} resent), drained at {drained_s} s, error {trickle.error}",
+            ),
+            Check(
+                "handoffs: workers SIGKILLed and replaced, none exited on its own (harness)",
+                pool.kills > 0 and not pool.unexpected,
+                f"{pool.kills} SIGKILLs, {pool.spawns} worker starts, "
+                f"{len(pool.unexpected)} unexpected exits",
+            ),
+            Check(
+                "handoffs: most attempts started at enqueue, handed to a parked slot",
+                attempts > 0 and h["handed_attempts"] >= MIN_HANDED_SHARE * attempts,
+                f"{h['handed_attempts']} of {attempts} attempts handed off "
+                f"({h['jobs_handed']} jobs; {h['handed_succeeded']} of them succeeded there, "
+                f"{h['handed_rescued']} handed to a worker that died and were rescued)",
+            ),
+        ]
+
+    def _kill_while(
+        self, trickle: Trickle, pool: WorkerPool, plan: FaultPlan, deadline: float
+    ) -> None:
+        """Kills on the tick, for as long as jobs go in."""
+        tick = 0
+        next_tick = time.monotonic() + self.cfg.opts.kill_interval
+        while trickle.is_alive() and time.monotonic() < deadline:
+            pool.reap()
+            if time.monotonic() >= next_tick:
+                next_tick += self.cfg.opts.kill_interval
+                applied, withheld = kill_workers(
+                    pool, self.db, plan.tick(tick).kills, set(), self.clock
+                )
+                tick += 1
+                self.applied += applied
+                self.kills_withheld += withheld
+                pool.reap()
+            trickle.join(0.05)
+
+    def _drain(self, pool: WorkerPool, deadline: float, started: float) -> float | None:
+        """Wait until no job is unfinished; seconds since the start."""
+        while time.monotonic() < deadline:
+            pool.reap()
+            left = self.db.row("operators_unfinished")  # its jobs count: any scenario's
+            if left is not None and int(left["jobs"]) == 0:
+                return round(time.monotonic() - started, 1)
+            time.sleep(0.2)
+        return None
+
+
+def text(out: Outcome) -> str:
+    """The phase's report as printed."""
+    r = out.report
+    return "\n".join(
+        [
+            "handoffs figures (from verify.sql and verify_handoffs.sql):",
+            *(
+                f"  {name:<19} " + ", ".join(f"{k} {v}" for k, v in row.items())
+                for name, row in r["figures"].items()
+            ),
+            f"  fleet            {r['fleet']['spawns']} worker starts, "
+            f"{r['fleet']['sigkills']} SIGKILLs; submitted in {r['submit_s']} s, drained at "
+            f"{r['drained_s']} s, phase {r['wall_s']} s",
+            "handoffs checks:",
+            *(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in out.checks),
+        ]
+    )
