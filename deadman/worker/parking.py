@@ -56,6 +56,8 @@ class Parking(WorkerLoop):
         self._next = 0
         self._adopting: set[asyncio.Task[None]] = set()
         self.adopted = 0
+        #: set when a handoff takes a parked slot (the producer parks another)
+        self.taken = asyncio.Event()
         #: set while the listener hears our channel (process.py): a slot parked while
         #: it does not would get its job only at the next unpark
         self.listening: asyncio.Event | None = None
@@ -143,6 +145,7 @@ class Parking(WorkerLoop):
         if slot in self._parked:
             self._parked.discard(slot)
             self._slots.give()
+            self.taken.set()
 
     def _start(self, a: Adopted, sent: float) -> None:
         # trusted until sent + what was left of the lease - the margin (Executor adds

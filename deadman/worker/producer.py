@@ -311,13 +311,16 @@ class Producer(WorkerLoop):
                 wait = min(wait, max(left.wait_ms / 1000, 0.0))
         return got, again, wait
 
-    def _may_park(self, *, full: bool = False) -> bool:
-        """Parking may go on (``full``: even if no slot is short of the target now)."""
+    def _parking_on(self) -> bool:
+        """Slots may stay parked: handoffs on, every queue's last claim came back short
+        (with work waiting no enqueue hands off: under load, while the completer's
+        refills keep claiming, the producer neither parks nor wakes per freed slot)."""
         return (
-            (full or self.parking.short())
+            self.parking.target > 0
             and not self._stop.is_set()
             and self._isolating is None
             and not self._suspects
+            and self._drained.issuperset(self._queues)
         )
 
     async def _idle(self, seconds: float) -> None:
@@ -325,26 +328,32 @@ class Producer(WorkerLoop):
         while, keep slots parked for handoffs, parking each one that comes back."""
         deadline = time.monotonic() + seconds
         while not self._wake.is_set():
-            if self._may_park():
+            if not self._parking_on():
+                await self._sleep(deadline - time.monotonic())
+                return
+            if self.parking.short():
                 try:
                     await self.parking.park()
                 except Exception as exc:  # a bug: the next claim round unparks
                     log.error("park_error", error=repr(exc)[:500])
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not (self.parking.target and self._may_park(full=True)):
-                await self._sleep(remaining)
+            if remaining <= 0:
                 return
-            # parking: also wake when a slot comes back (a handed job's, once it ends)
-            given = asyncio.ensure_future(self._slots.wait_given())
+            # Also wake when parking can go on: short of the target, when a slot comes
+            # back (a handed job's, once it ends); else when a handoff takes one.
+            self.parking.taken.clear()
+            more = asyncio.ensure_future(
+                self._slots.wait_given() if self.parking.short() else self.parking.taken.wait()
+            )
             woken = asyncio.ensure_future(self._wake.wait())
             try:
                 done, _ = await asyncio.wait(
-                    {given, woken}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    {more, woken}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
-                given.cancel()
+                more.cancel()
                 woken.cancel()
-            if given not in done:
+            if more not in done:
                 return  # woken, or the time is up
 
     async def _sleep(self, seconds: float) -> None:
