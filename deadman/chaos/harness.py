@@ -46,6 +46,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from deadman.chaos.handoffs import VERIFY_SQL as HANDOFFS_SQL
 from deadman.chaos.handoffs import text as handoffs_text
 from deadman.chaos.limits import KEYS
 from deadman.chaos.load import LoadPhase, RunClock
-from deadman.chaos.operators import OperatorsPhase
+from deadman.chaos.operators import OperatorsPhase, Outcome
 from deadman.chaos.ops_config import RETENTION_MS, OperatorsConfig, scaled_jobs
 from deadman.chaos.options import Options
 from deadman.chaos.verify import database_checks, figures
@@ -126,16 +127,8 @@ class Run:
         """Run the operators scenario; its checks join the report's."""
         o = self.opts
         alone = result is None
-        if result is None:
-            result = {"options": {"seed": o.seed, "scenarios": sorted(o.scenarios)}, "checks": []}
-            self.clock.restart()
-        dsn = self.dbs.operators(alone)
+        result, dsn = self._own_database("operators", result, self.dbs.operators)
         if dsn is None:
-            result["operators"] = {
-                "skipped": "needs the private cluster (with --database-url "
-                "the operators scenario runs alone: a database per run)"
-            }
-            print(f"operators: {result['operators']['skipped']}")
             return result
         began = time.monotonic()
         cfg = OperatorsConfig(o, scaled_jobs(o.jobs, alone))
@@ -146,25 +139,13 @@ class Run:
             flush=True,
         )
         out = OperatorsPhase(cfg, dsn, self.log_dir, lambda: time.monotonic() - began).run()
-        self.applied += out.applied
-        result["operators"] = {**out.report, "verifier_sql": verify_ops_sql()}
-        result["checks"] = result["checks"] + [c.to_json() for c in out.checks]
-        print(report.operators_text(out))
-        return result
+        return self._joined("operators", result, out, verify_ops_sql(), report.operators_text(out))
 
     def _handoffs(self, result: dict[str, Any] | None) -> dict[str, Any]:
         """Run the handoffs scenario; its checks join the report's."""
         o = self.opts
-        if result is None:
-            result = {"options": {"seed": o.seed, "scenarios": sorted(o.scenarios)}, "checks": []}
-            self.clock.restart()
-        dsn = self.dbs.handoffs(alone=set(o.scenarios) == {"handoffs"})
+        result, dsn = self._own_database("handoffs", result, self.dbs.handoffs)
         if dsn is None:
-            result["handoffs"] = {
-                "skipped": "needs the private cluster (with --database-url "
-                "the handoffs scenario runs alone: a database per run)"
-            }
-            print(f"handoffs: {result['handoffs']['skipped']}")
             return result
         began = time.monotonic()
         cfg = HandoffsConfig.of(o)
@@ -174,10 +155,39 @@ class Run:
             flush=True,
         )
         out = HandoffsPhase(cfg, dsn, self.log_dir, lambda: time.monotonic() - began).run()
+        return self._joined("handoffs", result, out, HANDOFFS_SQL, handoffs_text(out))
+
+    def _own_database(
+        self,
+        name: str,
+        result: dict[str, Any] | None,
+        database: Callable[[bool], str | None],
+    ) -> tuple[dict[str, Any], str | None]:
+        """The result so far (a fresh one when this scenario runs alone) and the
+        scenario's own database; None (and the result says why) when it cannot have
+        one (with --database-url it only runs alone)."""
+        alone = result is None
+        if result is None:
+            o = self.opts
+            result = {"options": {"seed": o.seed, "scenarios": sorted(o.scenarios)}, "checks": []}
+            self.clock.restart()
+        dsn = database(alone)
+        if dsn is None:
+            result[name] = {
+                "skipped": f"needs the private cluster (with --database-url the {name} "
+                "scenario runs alone: a database per run)"
+            }
+            print(f"{name}: {result[name]['skipped']}")
+        return result, dsn
+
+    def _joined(
+        self, name: str, result: dict[str, Any], out: Outcome, sql: str, text: str
+    ) -> dict[str, Any]:
+        """A scenario's outcome joined to the result: its report, faults and checks."""
         self.applied += out.applied
-        result["handoffs"] = {**out.report, "verifier_sql": HANDOFFS_SQL}
+        result[name] = {**out.report, "verifier_sql": sql}
         result["checks"] = result["checks"] + [c.to_json() for c in out.checks]
-        print(handoffs_text(out))
+        print(text)
         return result
 
     def _finish(self, result: dict[str, Any]) -> int:

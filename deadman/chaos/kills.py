@@ -3,9 +3,10 @@ are not spared, and its connection kills (``pg_terminate_backend``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
-from deadman.chaos.faults import Applied, Tick
+from deadman.chaos.faults import Applied, FaultPlan, Tick
 from deadman.chaos.probe import Db
 from deadman.chaos.scenarios import Context
 from deadman.chaos.workers import WorkerPool
@@ -67,3 +68,31 @@ def apply_tick(ctx: Context, tick: Tick) -> tuple[int, int]:
                 terminated += 1
                 ctx.record("pg_terminate_backend", f"backend {pid}")
     return withheld, terminated
+
+
+def kill_on_ticks(
+    pool: WorkerPool,
+    db: Db,
+    plan: FaultPlan,
+    interval_s: float,
+    clock: Callable[[], float],
+    busy: Callable[[float], bool],
+    deadline: float,
+) -> tuple[list[Applied], int]:
+    """A scenario's kills: the plan's tick every ``interval_s`` for as long as
+    ``busy(wait_s)`` (which may wait up to ``wait_s`` for the work to end) says the
+    work goes on, until the deadline (monotonic). The kills applied, and withheld."""
+    applied: list[Applied] = []
+    withheld = 0
+    tick = 0
+    next_tick = time.monotonic() + interval_s
+    while busy(0.05) and time.monotonic() < deadline:
+        pool.reap()
+        if time.monotonic() >= next_tick:
+            next_tick += interval_s
+            done, held = kill_workers(pool, db, plan.tick(tick).kills, set(), clock)
+            tick += 1
+            applied += done
+            withheld += held
+            pool.reap()
+    return applied, withheld

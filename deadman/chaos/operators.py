@@ -40,7 +40,7 @@ from deadman.chaos.app import OPS
 from deadman.chaos.checks import operators_checks
 from deadman.chaos.faults import Applied, FaultPlan
 from deadman.chaos.http import ApiServer
-from deadman.chaos.kills import kill_workers
+from deadman.chaos.kills import kill_on_ticks
 from deadman.chaos.ops_config import QUEUES, RETENTION_MS, OperatorsConfig
 from deadman.chaos.ops_journal import Journal
 from deadman.chaos.ops_operator import Operator
@@ -66,21 +66,29 @@ class Outcome:
     applied: list[Applied] = field(default_factory=list)
 
 
-class OperatorsPhase:
+class OwnDatabasePhase:
+    """What a scenario run in a database of its own holds while it runs (the
+    operators and handoffs scenarios): where, the run's clock, the faults applied."""
+
+    def __init__(self, dsn: str, log_dir: Path, clock: Callable[[], float]) -> None:
+        self.dsn = dsn
+        self.log_dir = log_dir
+        self.clock = clock
+        self.db = Db(dsn)
+        self.applied: list[Applied] = []
+        self.kills_withheld = 0
+
+
+class OperatorsPhase(OwnDatabasePhase):
     """The whole scenario on one (empty, migrated) database: instrument it, start an
     API server and a fleet, submit and act while kills go on, drain, verify."""
 
     def __init__(
         self, cfg: OperatorsConfig, dsn: str, log_dir: Path, clock: Callable[[], float]
     ) -> None:
+        super().__init__(dsn, log_dir, clock)
         self.cfg = cfg
-        self.dsn = dsn
-        self.log_dir = log_dir
-        self.clock = clock
-        self.db = Db(dsn)
         self.journal = Journal(clock)
-        self.applied: list[Applied] = []
-        self.kills_withheld = 0
 
     def run(self) -> Outcome:
         cfg = self.cfg
@@ -104,8 +112,17 @@ class OperatorsPhase:
             api.start()
             pool.start_all()
             op.start()
-            self._kill_while(op, pool, plan, deadline)
-            drained_s = self._drain(pool, deadline, started)
+            applied, self.kills_withheld = kill_on_ticks(
+                pool,
+                self.db,
+                plan,
+                cfg.opts.kill_interval,
+                self.clock,
+                lambda wait_s: not op.operated.wait(wait_s),
+                deadline,
+            )
+            self.applied += applied
+            drained_s = drain(self.db, pool, deadline, started)
         finally:
             op.stop.set()
             pool.stop_all()
@@ -137,29 +154,14 @@ class OperatorsPhase:
         }
         return Outcome(checks, report, self.applied)
 
-    def _kill_while(self, op: Operator, pool: WorkerPool, plan: FaultPlan, deadline: float) -> None:
-        """Kills on the tick, for as long as the operator acts."""
-        tick = 0
-        next_tick = time.monotonic() + self.cfg.opts.kill_interval
-        while not op.operated.is_set() and time.monotonic() < deadline:
-            pool.reap()
-            if time.monotonic() >= next_tick:
-                next_tick += self.cfg.opts.kill_interval
-                applied, withheld = kill_workers(
-                    pool, self.db, plan.tick(tick).kills, set(), self.clock
-                )
-                tick += 1
-                self.applied += applied
-                self.kills_withheld += withheld
-                pool.reap()
-            op.operated.wait(0.05)
 
-    def _drain(self, pool: WorkerPool, deadline: float, started: float) -> float | None:
-        """Wait until no job and no workflow is unfinished; seconds since the start."""
-        while time.monotonic() < deadline:
-            pool.reap()
-            left = self.db.row("operators_unfinished")
-            if left is not None and int(left["jobs"]) == 0 and int(left["workflows"]) == 0:
-                return round(time.monotonic() - started, 1)
-            time.sleep(0.2)
-        return None
+def drain(db: Db, pool: WorkerPool, deadline: float, started: float) -> float | None:
+    """Wait until no job and no workflow is unfinished (or the deadline, monotonic);
+    seconds since ``started``. The operators and handoffs scenarios end on it."""
+    while time.monotonic() < deadline:
+        pool.reap()
+        left = db.row("operators_unfinished")
+        if left is not None and int(left["jobs"]) == 0 and int(left["workflows"]) == 0:
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.2)
+    return None
