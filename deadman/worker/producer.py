@@ -185,6 +185,8 @@ class Producer(WorkerLoop):
                     await self.parking.unpark()
                 await self._check_quarantine()
                 if self._suspects:
+                    # alone means alone: no slot parked for a handoff either
+                    await self.parking.unpark()
                     if len(self._inflight):
                         continue  # drain first (the check at the top of the loop waits)
                     if await self._claim_quarantined(ttl_ms):

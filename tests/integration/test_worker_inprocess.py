@@ -9,6 +9,8 @@ history asserted here is exact.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -18,7 +20,10 @@ import psycopg
 import pytest
 
 from deadman.client import Client
-from tests.factories import attempt_rows, connect, job_row
+from deadman.model import Job
+from deadman.registry import Registry
+from deadman.worker.context import JobContext
+from tests.factories import attempt_rows, connect, insert_job, job_row
 from tests.helpers import wait_for
 from tests.helpers.worker import (
     FAST_RETRY,
@@ -248,6 +253,51 @@ def test_jobs_that_come_one_at_a_time_are_handed_off_without_a_claim(
         ).fetchone()
     assert (claims, handed) == (0, jobs)
     assert born is not None and born["n"] == jobs
+
+
+_suspect_started = threading.Event()
+_release_suspect = threading.Event()
+_suspects = Registry()
+
+
+@_suspects.handler("q.suspect")
+async def _suspect(job: Job, ctx: JobContext) -> None:
+    _suspect_started.set()
+    # bounded: the test releases it (a threading.Event, set from the test's thread)
+    await asyncio.to_thread(_release_suspect.wait, 30)
+
+
+def test_a_quarantined_job_runs_alone_with_no_slot_parked_for_a_handoff(
+    db_dsn: str, client: Client
+) -> None:
+    """A suspected poison pill runs alone on its worker (DECISIONS 83 must not break
+    that): while the suspect runs no slot of its worker is parked, so a job enqueued
+    meanwhile queues. (The producer also unparks just before it claims the suspect;
+    the one loop turn that would otherwise leave a slot parked beside it is a window
+    this test cannot force open: without that line it still passes.)"""
+    _suspect_started.clear()
+    _release_suspect.clear()
+    # an idle producer looks for suspects at a wake-up QUARANTINE_CHECK_S after the last
+    # look: the poll's wake-ups every second bring that one
+    settings = replace(SETTINGS, poll_s=1.0)
+    with connect(db_dsn) as conn, running_worker(db_dsn, settings, _suspects) as worker:
+        first = client.enqueue("noop").id
+        wait_for(lambda: state_of(conn, first) == "succeeded", 10, message="the first job")
+        wait_for(lambda: _parked(conn) > 0, 10, message="a parked slot")
+        suspect = insert_job(
+            conn, state="queued", type="q.suspect", run_in_s=-1, rescues=settings.max_rescues
+        )
+        try:
+            # the quarantine check runs every few seconds (QUARANTINE_CHECK_S)
+            assert _suspect_started.wait(15), "the suspect never started"
+            assert _parked(conn) == 0, "a slot stayed parked beside a suspect"
+            beside = client.enqueue("noop")
+            assert beside.state.value == "queued" and beside.lease is None
+        finally:
+            _release_suspect.set()
+        wait_for(lambda: state_of(conn, suspect.id) == "succeeded", 10, message="the suspect")
+        wait_for(lambda: state_of(conn, beside.id) == "succeeded", 10, message="the job after")
+        assert worker.stop() == 0
 
 
 def _parked(conn: psycopg.Connection[Any]) -> int:
