@@ -92,12 +92,14 @@ class Listener:
         *,
         settings: Settings | None = None,
         handoff: tuple[str, Callable[[int], None]] | None = None,
+        on_connect: Callable[[], None] | None = None,
     ) -> None:
         """``dsn``: the database URL; ``settings``: where and whether to listen
         (``listen``, ``listen_url``, ``prepare``; by default the environment's, see
         :func:`deadman.config.connection_settings`). ``handoff``: this worker's own
         channel and what to call with the id of a job handed to it there (DECISIONS
-        83)."""
+        83); ``on_connect``: called each time the LISTENs are in place, before the
+        wake-up that follows."""
         s = connection_settings() if settings is None else settings
         self._dsn = s.listen_url or dsn
         self._enabled = s.listen
@@ -105,6 +107,7 @@ class Listener:
         self._queues = set(queues)
         self._on_wake = on_wake
         self._on_cancel = on_cancel
+        self._on_connect = on_connect
         self._handoff_channel = handoff[0] if handoff else ""
         self._on_handoff: Callable[[int], None] | None = handoff[1] if handoff else None
         self._stop = asyncio.Event()
@@ -154,6 +157,8 @@ class Listener:
                 channel = sql.Identifier(self._handoff_channel)
                 await conn.execute(sql.SQL("LISTEN {}").format(channel))
             self.connected.set()
+            if self._on_connect is not None:
+                self._on_connect()
             self._on_wake()  # anything enqueued before LISTEN took effect
             while not self._stop.is_set():
                 # Wake up at least every second to notice stop(); timeouts also probe

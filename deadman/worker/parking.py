@@ -61,10 +61,18 @@ class Parking(WorkerLoop):
         #: set while the listener hears our channel (process.py): a slot parked while
         #: it does not would get its job only at the next unpark
         self.listening: asyncio.Event | None = None
+        #: the listener connected again while slots were parked: notifications may have
+        #: been lost meanwhile, so the producer unparks (every handed job found)
+        self.resync = False
 
     @property
     def parked(self) -> int:
         return len(self._parked)
+
+    def heard(self) -> None:
+        """The listener (re)connected and hears our channel."""
+        if self._parked:
+            self.resync = True
 
     def short(self) -> bool:
         """Fewer slots parked than wanted, and our channel is heard."""
@@ -94,6 +102,7 @@ class Parking(WorkerLoop):
             return
         try:
             rows = await self._store.job_unpark(self._worker_id)
+            self.resync = False
         except DatabaseUnavailable as exc:
             # Still parked: claims use the other slots; the next unpark tries again.
             log.warning("unpark_failed", error=str(exc), slots=len(self._parked))

@@ -215,6 +215,7 @@ class Worker:
             producer.wake,
             on_cancel=executor.cancel_requested,
             handoff=(parking.channel, parking.handed) if parking.target else None,
+            on_connect=parking.heard,
         )
         parking.listening = listener.connected
 

@@ -179,9 +179,10 @@ class Producer(WorkerLoop):
                 continue
             self._wake.clear()
             try:
-                if self._backlog:
+                if self._backlog or self.parking.resync:
                     # parked slots only wait for jobs that nothing is ahead of: with
-                    # work waiting they come back to the claims
+                    # work waiting they come back to the claims; and after the listener
+                    # reconnected, a job handed off meanwhile is found this way
                     await self.parking.unpark()
                 await self._check_quarantine()
                 if self._suspects:

@@ -203,6 +203,25 @@ def test_a_handoff_with_no_more_lease_than_the_margin_is_not_started(left_ms: in
     run(main())
 
 
+def test_a_listener_that_reconnects_while_slots_are_parked_asks_for_an_unpark() -> None:
+    """Notifications sent while the listener was away are lost: its reconnect marks
+    the parked slots for an unpark (the producer's next round), which finds every job
+    handed meanwhile."""
+
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        p.heard()  # nothing parked: nothing to find
+        assert not p.resync
+        await p.park()
+        store.rows[3] = 77  # handed while the listener was away: no notification
+        p.heard()
+        assert p.resync
+        await p.unpark()
+        assert (p.resync, executor.started, slots.used) == (False, [77], 1)
+
+    run(main())
+
+
 def test_no_handoffs_without_a_listener() -> None:
     p, *_ = parking(replace(SETTINGS, listen=False))
     assert p.target == 0 and not p.short()
