@@ -169,6 +169,11 @@ class Producer(WorkerLoop):
                 continue
             if self._slots.free() <= 0 and self.parking.parked:
                 await self.parking.unpark()  # woken with every free slot parked
+                if self.parking.parked:
+                    # the unpark failed: no slot will come back by itself (a wait for
+                    # one would outlast the outage), so try again soon
+                    await self._sleep(min(self._settings.poll_s, 1.0))
+                    continue
             if self._slots.free() <= 0:
                 await self._wait_for_slot()
                 continue
@@ -329,6 +334,10 @@ class Producer(WorkerLoop):
     async def _idle(self, seconds: float) -> None:
         """Sleep as :meth:`_sleep` does, after a claim round found nothing more; the
         while, keep slots parked for handoffs, parking each one that comes back."""
+        if self.parking.resync:
+            # an unpark the listener asked for has not happened yet (it failed): the
+            # next round tries again within a second, whatever the poll
+            seconds = min(seconds, 1.0)
         deadline = time.monotonic() + seconds
         while not self._wake.is_set():
             if not self._parking_on():

@@ -18,10 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from deadman.client import Client
+from deadman.db.queries import QUERIES
 from deadman.model import Job
 from deadman.registry import Registry
+from deadman.store import NewJob
 from deadman.worker.context import JobContext
 from tests.factories import attempt_rows, connect, insert_job, job_row
 from tests.helpers import wait_for
@@ -253,6 +257,45 @@ def test_jobs_that_come_one_at_a_time_are_handed_off_without_a_claim(
         ).fetchone()
     assert (claims, handed) == (0, jobs)
     assert born is not None and born["n"] == jobs
+
+
+@pytest.mark.parametrize("concurrency", [8, 4], ids=["listener-mark", "all-slots-parked"])
+def test_a_job_handed_off_while_the_listener_was_away_is_found_when_it_returns(
+    db_dsn: str, concurrency: int
+) -> None:
+    """DECISIONS 83, "Nothing lost": the worker's connections are cut and no new one is
+    let in while an enqueue hands a job to one of its parked slots, so its notification
+    is lost. The job must run on the lease the enqueue gave it, long before that lease
+    (10 s) could lapse and be rescued. With 8 slots (4 parked, 4 free) only the
+    listener's mark on reconnect makes the producer unpark (without it: fails); with 4,
+    every slot is parked, and the producer's unpark, which fails while the database
+    refuses connections, must be tried again rather than wait for a slot that cannot
+    come back (without that: fails, the producer waited forever)."""
+    settings = replace(SETTINGS, poll_s=30.0, concurrency=concurrency)
+    with connect(db_dsn) as conn, running_worker(db_dsn, settings) as worker:
+        wait_for(lambda: _parked(conn) >= settings.handoff_slots, 10, message="parked")
+        db = conn.execute("SELECT current_database() AS d").fetchone()
+        assert db is not None
+        name = sql.Identifier(db["d"])
+        admin = psycopg.connect(make_conninfo(db_dsn, dbname="postgres"), autocommit=True)
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+        try:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            row = conn.execute(
+                QUERIES["job_insert"], NewJob("noop").params(5, handoff=True)
+            ).fetchone()
+            assert row is not None and row["lease_worker"] == worker.worker_id, row
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+            admin.close()
+        wait_for(lambda: state_of(conn, row["id"]) == "succeeded", 8, message="the job")
+        done = job_row(conn, row["id"])
+        assert (done["rescues"], done["finished_token"]) == (0, row["lease_token"])
+        assert worker.handed >= 1
+        assert worker.stop() == 0
 
 
 _suspect_started = threading.Event()
