@@ -196,16 +196,20 @@ def test_jobs_handed_off_at_enqueue_under_kills_run_exactly_once(tmp_path: Path)
     """The handoffs scenario alone, small (DECISIONS 83): jobs enqueued one at a time
     to an idle fleet, most handed straight to a parked slot, while workers are
     SIGKILLed, some with slots parked and jobs handed into them: every job ran, its
-    effect exactly once and under the succeeding attempt's lease. (Here a worker is
-    killed about every second: alone on the machine ~80% of attempts were handoffs,
-    beside a fresh-clone suite 8% to 29%: only that some were is asserted.)"""
+    effect exactly once and under the succeeding attempt's lease. (How many are handed
+    off depends on the machine's load: only that some were is asserted.)"""
+    # The kill pace of the 100,000-job run, not SMALL's: with a worker killed every
+    # second, beside a fresh-clone suite, workers died still booting and no slot was
+    # ever parked (0 of 734 attempts handed off once)
     code, report, out = chaos(
-        tmp_path, "--jobs", "600", *SMALL, "--seed", "3", "--handoffs",
+        tmp_path, "--jobs", "1500", "--workers", "3", "--kill-rate", "0.3",
+        "--kill-interval", "2", "--lease-ttl", "1.5", "--max-rescues", "10",
+        "--timeout", "120", "--submit", "client", "--seed", "3", "--handoffs",
     )  # fmt: skip
     assert code == 0, f"{failed(report)}\n{out[-3000:]}"
     h = report["handoffs"]
     f = h["figures"]
-    assert f["effects"]["exactly_once"] == 600 and f["effects"]["doubled_jobs"] == 0
+    assert f["effects"]["exactly_once"] == 1500 and f["effects"]["doubled_jobs"] == 0
     assert f["handoffs"]["jobs_handed"] > 0, f["handoffs"]
     assert h["fleet"]["sigkills"] > 0
     assert "handoffs under fire" in out and "-- name: handoffs" in h["verifier_sql"]
