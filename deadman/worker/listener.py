@@ -109,7 +109,12 @@ class Listener:
         self._on_cancel = on_cancel
         self._on_connect = on_connect
         self._handoff_channel = handoff[0] if handoff else ""
-        self._on_handoff: Callable[[int], None] | None = handoff[1] if handoff else None
+        #: the channels whose payload is a job id, and what to call with it
+        self._on_id: dict[str, Callable[[int], None]] = {}
+        if on_cancel is not None:
+            self._on_id[CANCEL_CHANNEL] = on_cancel
+        if handoff is not None:
+            self._on_id[handoff[0]] = handoff[1]
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
@@ -153,7 +158,7 @@ class Listener:
             await conn.execute(QUERIES["listen_jobs"])
             if self._on_cancel is not None:
                 await conn.execute(QUERIES["listen_cancel"])
-            if self._on_handoff is not None:
+            if self._handoff_channel:
                 channel = sql.Identifier(self._handoff_channel)
                 await conn.execute(sql.SQL("LISTEN {}").format(channel))
             self.connected.set()
@@ -172,23 +177,18 @@ class Listener:
                 await conn.execute(QUERIES["ping"])
 
     def _dispatch(self, channel: str, payload: str) -> None:
-        if channel == CANCEL_CHANNEL:
-            # Every worker hears every cancel; the one holding the job acts, the rest
-            # ignore it. A missed one is caught by the heartbeat, which reads
-            # cancel_requested.
-            job_id = parse_job_id(payload)
-            if job_id is None:
-                self._ignore(channel, payload)
-            elif self._on_cancel is not None:
-                self._on_cancel(job_id)
-        elif channel == self._handoff_channel and self._on_handoff is not None:
-            # Ours alone, but anyone may send on it: the id is parsed strictly, and the
-            # worker only runs a job whose parked row an enqueue filled (job_adopt).
+        on_id = self._on_id.get(channel)
+        if on_id is not None:
+            # A cancel: every worker hears it; the one holding the job acts, the rest
+            # ignore it (a missed one is caught by the heartbeat, which reads
+            # cancel_requested). A handoff: ours alone, but anyone may send on it, and
+            # the worker only runs a job whose parked row an enqueue filled
+            # (job_adopt). Either way the id is parsed strictly.
             job_id = parse_job_id(payload)
             if job_id is None:
                 self._ignore(channel, payload)
             else:
-                self._on_handoff(job_id)
+                on_id(job_id)
         elif payload in self._queues:
             self._on_wake()
         # else: another fleet's queue, or noise; waking for it would only cost a claim

@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
+from typing import Any
 
 from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
@@ -67,11 +69,11 @@ EMPTY_CLAIM_GAP_S = 0.01
 
 
 class Producer(WorkerLoop):
-    def __init__(self, parts: WorkerParts, slots: Slots, parking: Parking | None = None) -> None:
+    def __init__(self, parts: WorkerParts, slots: Slots) -> None:
         super().__init__(parts)
         settings = parts.settings
         self._slots = slots
-        self.parking = parking or Parking(parts, slots)
+        self.parking = Parking(parts, slots)
         self._quarantine_at = quarantine_at(settings.max_rescues)
         self._isolating: int | None = None  # id of the quarantined job we run alone
         # The last quarantine check saw a suspect waiting: while we hold jobs we drain
@@ -354,18 +356,8 @@ class Producer(WorkerLoop):
             # Also wake when parking can go on: short of the target, when a slot comes
             # back (a handed job's, once it ends); else when a handoff takes one.
             self.parking.taken.clear()
-            more = asyncio.ensure_future(
-                self._slots.wait_given() if self.parking.short() else self.parking.taken.wait()
-            )
-            woken = asyncio.ensure_future(self._wake.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    {more, woken}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                more.cancel()
-                woken.cancel()
-            if more not in done:
+            more = self._slots.wait_given() if self.parking.short() else self.parking.taken.wait()
+            if not await _first_of(more, self._wake.wait(), remaining):
                 return  # woken, or the time is up
 
     async def _sleep(self, seconds: float) -> None:
@@ -375,13 +367,23 @@ class Producer(WorkerLoop):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
     async def _wait_for_slot(self) -> None:
-        waiter = asyncio.ensure_future(self._slots.wait_freed())
-        stopper = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
+        await _first_of(self._slots.wait_freed(), self._stop.wait())
+
+
+async def _first_of(
+    this: Awaitable[Any], other: Awaitable[Any], timeout: float | None = None
+) -> bool:
+    """Wait until ``this`` or ``other`` ends (or ``timeout`` seconds pass); whichever
+    has not ended is cancelled. True if ``this`` ended."""
+    first, second = asyncio.ensure_future(this), asyncio.ensure_future(other)
+    try:
+        done, _ = await asyncio.wait(
+            {first, second}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        first.cancel()
+        second.cancel()
+    return first in done
 
 
 def _claiming(queue: str, limit: int, *, quarantined: bool = False) -> dict[str, str | int]:
