@@ -49,29 +49,55 @@ SELECT max(version) AS version FROM deadman.schema_migrations;
 -- With an idempotency key that is already taken this inserts nothing and returns no
 -- row; the caller then reads the existing job (ON CONFLICT waits for a concurrent
 -- inserter to finish, so the existing row is visible to the next statement).
--- Handoff (DECISIONS 83, migration 0021): with %(handoff)s (the statement is its own
--- transaction: a caller's open transaction would hold the slot and start the lease
--- before its commit) a due, unkeyed job with nothing older due in its queue, the
--- queue not paused, is born 'running' under the lease of a worker that parked a slot
--- for its queue, exactly as deadman.job_start would have started it; the slot's row
--- records the job and the worker is told on its channel. A parked row another
--- enqueue holds is stepped past (SKIP LOCKED); with none free the job is queued.
--- The slot is only taken if the job was inserted (no key conflict).
+-- A job a claim could take (due or later) wakes its queue's idle workers at commit
+-- (woke; DECISIONS 84: every statement that inserts jobs does, as 0001's trigger did).
+-- An enqueue on its own that a parked worker could take runs job_insert_handoff.
+INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
+                          timeout_ms, run_at, idempotency_key, request_hash,
+                          pending_deps, finished_at, last_error, upstream_cancelled,
+                          start_by, deadline, heartbeat_timeout_ms, limit_key,
+                          trace_context)
+SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
+       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
+            WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
+            WHEN r.run_at > now() THEN 'scheduled'
+            ELSE 'queued' END,
+       %(max_attempts)s, %(backoff)s, %(timeout_ms)s, r.run_at,
+       %(idempotency_key)s, %(request_hash)s,
+       CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
+       CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
+       %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
+       %(start_by)s::timestamptz, %(deadline)s::timestamptz,
+       %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text, %(trace_context)s::jsonb
+FROM (SELECT COALESCE(%(run_at)s::timestamptz,
+                      now() + %(delay_ms)s::bigint * interval '1 millisecond')) AS r(run_at)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *,
+    CASE WHEN state IN ('queued', 'scheduled', 'retrying')
+         THEN pg_notify('deadman_jobs', queue) END AS woke;
+
+-- name: job_insert_handoff
+-- job_insert for an enqueue that is its own transaction (a caller's open transaction
+-- would hold the slot and start the lease before its commit) of a job with no
+-- dependencies (those run job_insert, after job_deps_lock). Handoff (DECISIONS 83,
+-- migration 0021): a due job without a limit key, with nothing older due in its queue
+-- and the queue not paused, is born 'running' under the lease of a worker that parked
+-- a slot for its queue, exactly as deadman.job_start would have started it; the
+-- slot's row records the job and the worker is told on its channel. A parked row
+-- another enqueue holds is stepped past (SKIP LOCKED); with none free, or a key
+-- conflict (no row inserted, no slot taken), it does what job_insert does.
 WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz,
                     now() + %(delay_ms)s::bigint * interval '1 millisecond') AS run_at
 ), slot AS (
     SELECT p.worker, p.slot, p.ttl_ms, p.channel
     FROM deadman.parked p, v
-    WHERE %(handoff)s::boolean
-      -- a role that may not mint lease tokens (deadman_api) queues its jobs
-      AND has_sequence_privilege('deadman.lease_token_seq', 'USAGE')
+    -- a role that may not mint lease tokens (deadman_api) queues its jobs
+    WHERE has_sequence_privilege('deadman.lease_token_seq', 'USAGE')
       AND %(queue)s = ANY (p.queues)
       AND p.job_id IS NULL
       AND p.expires_at > now()
       AND %(limit_key)s::text IS NULL
-      AND %(pending_deps)s::integer = 0
-      AND %(upstream_error)s::text IS NULL
       AND v.run_at <= now()
       AND (%(start_by)s::timestamptz IS NULL OR %(start_by)s::timestamptz > now())
       AND (%(deadline)s::timestamptz IS NULL OR %(deadline)s::timestamptz > now())
@@ -86,21 +112,15 @@ WITH v AS (
 ), ins AS (
     INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                               timeout_ms, run_at, idempotency_key, request_hash,
-                              pending_deps, finished_at, last_error, upstream_cancelled,
                               start_by, deadline, heartbeat_timeout_ms, limit_key,
                               trace_context, attempt, lease_token, lease_worker,
                               lease_expires_at, started_at)
     SELECT %(type)s, %(queue)s, %(priority)s, %(payload)s,
-           CASE WHEN %(upstream_error)s::text IS NOT NULL THEN 'cancelled'
-                WHEN %(pending_deps)s::integer > 0 THEN 'waiting'
-                WHEN v.run_at > now() THEN 'scheduled'
+           CASE WHEN v.run_at > now() THEN 'scheduled'
                 WHEN s.worker IS NOT NULL THEN 'running'
                 ELSE 'queued' END,
            %(max_attempts)s, %(backoff)s, %(timeout_ms)s, v.run_at,
            %(idempotency_key)s, %(request_hash)s,
-           CASE WHEN %(upstream_error)s::text IS NULL THEN %(pending_deps)s::integer ELSE 0 END,
-           CASE WHEN %(upstream_error)s::text IS NOT NULL THEN now() END,
-           %(upstream_error)s::text, %(upstream_error)s::text IS NOT NULL,
            %(start_by)s::timestamptz, %(deadline)s::timestamptz,
            %(heartbeat_timeout_ms)s::integer, %(limit_key)s::text, %(trace_context)s::jsonb,
            CASE WHEN s.worker IS NOT NULL THEN 1 ELSE 0 END,
@@ -110,7 +130,10 @@ WITH v AS (
            CASE WHEN s.worker IS NOT NULL THEN now() END
     FROM v LEFT JOIN slot s ON true
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
+    -- not handed off: its queue's idle workers are woken, as job_insert wakes them
+    RETURNING *,
+        CASE WHEN state IN ('queued', 'scheduled', 'retrying')
+             THEN pg_notify('deadman_jobs', queue) END AS woke
 ), handed AS (
     UPDATE deadman.parked p
     SET job_id = i.id, lease_token = i.lease_token
@@ -122,15 +145,22 @@ SELECT * FROM ins;
 
 -- name: job_ids_reserve
 -- Ids for a bulk enqueue that COPYs straight into the jobs table (job_copy_direct),
--- taken in order from the table's own sequence (a shard's range, DECISIONS 54).
-SELECT nextval('deadman.jobs_id_seq') AS id FROM generate_series(1, %(n)s::integer);
+-- taken in order from the table's own sequence (a shard's range, DECISIONS 54). The
+-- COPY cannot notify, so this statement wakes the %(queues)s it will fill (every row
+-- COPYed is queued, due now): NOTIFY is sent at commit, so only if the COPY commits
+-- with it (DECISIONS 84).
+WITH woke AS (
+    SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q GROUP BY q
+)
+SELECT nextval('deadman.jobs_id_seq') AS id FROM generate_series(1, %(n)s::integer)
+WHERE (SELECT count(*) FROM woke) >= 0;
 
 -- name: job_copy_direct
 -- A bulk enqueue in which no job has an idempotency key, a run_at or a delay (DECISIONS
 -- 68): COPY the rows into the jobs table with the ids job_ids_reserve gave. Every
 -- column left out takes the table's default: state 'queued', run_at and created_at
--- now(), as job_insert_staged would have written them. The statement trigger
--- (jobs_notify_inserted) fires for COPY as for INSERT: one NOTIFY per queue.
+-- now(), as job_insert_staged would have written them. Its queues were woken by
+-- job_ids_reserve, in the same transaction.
 COPY deadman.jobs (id, type, queue, priority, payload, max_attempts, backoff, timeout_ms,
                    start_by, deadline, heartbeat_timeout_ms, limit_key, trace_context)
 FROM STDIN;
@@ -155,8 +185,14 @@ COPY pg_temp.deadman_stage (ord, type, queue, priority, payload, max_attempts, b
                             limit_key, trace_context) FROM STDIN;
 
 -- name: job_insert_staged
--- Move the COPYed rows into the jobs table in one statement (one NOTIFY per queue).
--- Rows whose idempotency key is taken are skipped; the caller learns which by id.
+-- Move the COPYed rows into the jobs table in one statement. Rows whose idempotency
+-- key is taken are skipped; the caller learns which by id. Every staged job is queued
+-- or scheduled: woke wakes each queue of the batch once (DECISIONS 84), read from the
+-- staged rows rather than from the inserted ones (which would have to be kept for
+-- it), so a batch whose every key was taken wakes its queues for nothing.
+WITH woke AS (
+    SELECT pg_notify('deadman_jobs', queue) FROM pg_temp.deadman_stage GROUP BY queue
+)
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, start_by,
                           deadline, heartbeat_timeout_ms, limit_key, trace_context)
@@ -168,6 +204,8 @@ FROM pg_temp.deadman_stage s
 CROSS JOIN LATERAL (
     SELECT COALESCE(s.run_at, now() + COALESCE(s.delay_ms, 0) * interval '1 millisecond')
 ) AS r(run_at)
+-- (the count makes woke run once: a CTE nothing reads is never run)
+WHERE (SELECT count(*) FROM woke) >= 0
 ORDER BY s.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
@@ -905,7 +943,7 @@ WITH input AS (
          AS t(ord, type, queue, priority, payload, max_attempts, backoff, timeout_ms, run_at,
               delay_ms, idempotency_key, request_hash, pending_deps, upstream_error,
               start_by, deadline, heartbeat_timeout_ms, limit_key, trace_context)
-)
+), ins AS (
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, pending_deps,
                           finished_at, last_error, upstream_cancelled, start_by, deadline,
@@ -925,7 +963,12 @@ CROSS JOIN LATERAL (
 ) AS r(run_at)
 ORDER BY i.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
+RETURNING *
+), woke AS (
+    SELECT pg_notify('deadman_jobs', queue) FROM ins
+    WHERE state IN ('queued', 'scheduled', 'retrying') GROUP BY queue
+)
+SELECT ins.* FROM ins WHERE (SELECT count(*) FROM woke) >= 0 ORDER BY ins.id;
 
 -- name: job_deps_insert_many
 -- The edges of a batch's jobs with depends_on, as (job, dependency) pairs.
@@ -1289,7 +1332,10 @@ WITH wf AS (
         SELECT COALESCE(i.run_at, now() + i.delay_ms * interval '1 millisecond')
     ) AS r(run_at)
     ORDER BY i.ord
-    RETURNING id, node
+    RETURNING id, node, queue, state
+), woke AS (
+    SELECT pg_notify('deadman_jobs', queue) FROM inserted
+    WHERE state IN ('queued', 'scheduled', 'retrying') GROUP BY queue
 ), edges AS (
     INSERT INTO deadman.job_deps (job_id, depends_on)
     SELECT t.id, f.id
@@ -1297,7 +1343,7 @@ WITH wf AS (
     JOIN inserted f ON f.node = e.src
     JOIN inserted t ON t.node = e.dst
 )
-SELECT * FROM wf;
+SELECT * FROM wf WHERE (SELECT count(*) FROM woke) >= 0;
 
 -- name: workflow_get_by_idempotency_key
 SELECT * FROM deadman.workflows WHERE idempotency_key = %(idempotency_key)s;
@@ -1455,6 +1501,7 @@ SELECT current_database() AS database, pg_postmaster_start_time() AS started_at;
 -- The group is one JSON array of objects, as job_finish_many's batch (psycopg adapts
 -- parameter arrays element by element in Python); a payload of JSON null is stored
 -- as jsonb null, as job_insert stores it, not as SQL NULL.
+WITH ins AS (
 INSERT INTO deadman.jobs (type, queue, priority, payload, state, max_attempts, backoff,
                           timeout_ms, run_at, idempotency_key, request_hash, start_by,
                           deadline, heartbeat_timeout_ms, limit_key, trace_context)
@@ -1473,4 +1520,9 @@ CROSS JOIN LATERAL (
 ) AS r(run_at)
 ORDER BY i.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
+RETURNING *
+), woke AS (
+    SELECT pg_notify('deadman_jobs', queue) FROM ins
+    WHERE state IN ('queued', 'scheduled', 'retrying') GROUP BY queue
+)
+SELECT ins.* FROM ins WHERE (SELECT count(*) FROM woke) >= 0 ORDER BY ins.id;

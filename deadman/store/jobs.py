@@ -78,13 +78,11 @@ class NewJob:
         *,
         pending_deps: int = 0,
         upstream_error: str | None = None,
-        handoff: bool = False,
     ) -> dict[str, Any]:
-        """job_insert's parameters; ``pending_deps``/``upstream_error`` come from
-        job_deps_lock (see :func:`deps_verdict`). The request's fingerprint only
-        matters (and is only computed) when there is an idempotency key. ``handoff``:
-        the statement is its own transaction, so the job may be handed to a parked
-        worker (job_insert; DECISIONS 83); never inside a caller's transaction."""
+        """job_insert's parameters (job_insert_handoff reads those it has);
+        ``pending_deps``/``upstream_error`` come from job_deps_lock (see
+        :func:`deps_verdict`). The request's fingerprint only matters (and is only
+        computed) when there is an idempotency key."""
         return {
             "type": self.type,
             "queue": self.queue,
@@ -104,7 +102,6 @@ class NewJob:
             "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
             "limit_key": self.limit_key,
             "trace_context": self.trace_jsonb,
-            "handoff": handoff,
         }
 
     @property

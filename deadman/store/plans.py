@@ -52,7 +52,9 @@ def job_insert(
     With depends_on: the dependencies locked, the job and its edges inserted, in one
     transaction. ``handoff``: the plan runs on a connection of its own, outside any
     caller's transaction, so the job may go straight to a parked worker (DECISIONS
-    83); a job with depends_on never does."""
+    83): job_insert_handoff, for a job that could be handed off at all (no
+    depends_on, no limit key, not scheduled later); every other job takes the
+    plainer job_insert (DECISIONS 84)."""
     return Plan(
         lambda: _job_insert(job, default_max_attempts, handoff=handoff),
         atomic=bool(job.depends_on),
@@ -63,9 +65,8 @@ def _job_insert(
     job: NewJob, default_max_attempts: int, *, handoff: bool = False
 ) -> Steps[Job | None]:
     if not job.depends_on:
-        return first_job(
-            (yield Query("job_insert", job.params(default_max_attempts, handoff=handoff)))
-        )
+        name = "job_insert_handoff" if handoff and _may_hand_off(job) else "job_insert"
+        return first_job((yield Query(name, job.params(default_max_attempts))))
     deps = list(job.depends_on)
     pending, upstream = deps_verdict(deps, (yield Query("job_deps_lock", {"ids": deps})))
     row = first_job(
@@ -79,6 +80,13 @@ def _job_insert(
     if row is not None:
         yield Query("job_deps_insert", {"job_id": row.id, "depends_on": deps})
     return row
+
+
+def _may_hand_off(job: NewJob) -> bool:
+    """Whether job_insert_handoff could hand ``job`` off (it checks again, with the
+    parked slots, the queue and the clock): a job with a limit key is its limit's to
+    start, one scheduled later is not due. (depends_on: the caller's test.)"""
+    return job.limit_key is None and job.run_at is None and job.delay_ms == 0
 
 
 def job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Plan[list[int]]:
@@ -102,7 +110,9 @@ def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps
                 ids.append(made.id)
         return ids
     if all(_copies_direct(j) for j in jobs):
-        ids = [int(r["id"]) for r in (yield Query("job_ids_reserve", {"n": len(jobs)}))]
+        queues = sorted({j.queue for j in jobs})
+        reserved = yield Query("job_ids_reserve", {"n": len(jobs), "queues": queues})
+        ids = [int(r["id"]) for r in reserved]
         yield Copy("job_copy_direct", _direct(ids, jobs, default_max_attempts))
         return ids
     yield Query("job_stage_prepare", {})

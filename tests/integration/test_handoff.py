@@ -20,7 +20,8 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
-from deadman.store import NewJob
+from deadman.store import NewJob, plans
+from deadman.store.plan import Query
 from deadman.worker.parking import handoff_channel
 from tests.factories import connect, insert_job
 
@@ -47,10 +48,12 @@ def park(conn: Conn, slots: int = 1, *, worker: str = WORKER, queues: tuple[str,
 
 
 def enqueue(conn: Conn, *, handoff: bool = True, **params: Any) -> DictRow | None:
-    """job_insert as an enqueue on its own sends it; ``params`` override its values."""
-    values = NewJob("h.job", queue=QUEUE).params(5, handoff=handoff)
+    """job_insert_handoff as an enqueue on its own sends it (``handoff=False``:
+    job_insert, as inside a caller's transaction); ``params`` override its values."""
+    values = NewJob("h.job", queue=QUEUE).params(5)
     values.update(params)
-    return conn.execute(QUERIES["job_insert"], values).fetchone()
+    name = "job_insert_handoff" if handoff else "job_insert"
+    return conn.execute(QUERIES[name], values).fetchone()
 
 
 def parked(conn: Conn) -> list[DictRow]:
@@ -115,8 +118,11 @@ REFUSALS: dict[str, tuple[Callable[[Conn], None], dict[str, Any], str]] = {
     "the queue is paused": (_paused, {}, "queued"),
     "keyed (its limit decides)": (_nothing, {"limit_key": "k"}, "queued"),
     "scheduled later": (_nothing, {"delay_ms": 60_000}, "scheduled"),
-    "waiting for dependencies": (_nothing, {"pending_deps": 1}, "waiting"),
-    "born cancelled by its upstream": (_nothing, {"upstream_error": "x"}, "cancelled"),
+    "scheduled at a time to come": (
+        _nothing,
+        {"run_at": datetime(2999, 1, 1, tzinfo=UTC)},
+        "scheduled",
+    ),
     "past its start_by": (_nothing, {"start_by": PAST}, "queued"),
     "past its deadline": (_nothing, {"deadline": PAST}, "queued"),
     "the slot's worker stopped renewing it": (_expired_slot, {}, "queued"),
@@ -307,3 +313,35 @@ def test_parked_slots_of_a_worker_past_its_ttl_are_ignored_even_before_prune(
         assert job is not None and job["state"] == "queued"
         now = conn.execute("SELECT now() AS t").fetchone()
         assert now is not None and parked(conn)[0]["expires_at"] < now["t"] + timedelta(0)
+
+
+@pytest.mark.parametrize(
+    ("options", "own", "statement"),
+    [
+        ({}, True, "job_insert_handoff"),
+        ({"idempotency_key": "k"}, True, "job_insert_handoff"),
+        ({}, False, "job_insert"),
+        ({"limit_key": "k"}, True, "job_insert"),
+        ({"delay_ms": 1}, True, "job_insert"),
+        ({"run_at": PAST}, True, "job_insert"),
+        ({"depends_on": (1,)}, True, "job_deps_lock"),
+    ],
+    ids=[
+        "due",
+        "idempotency-key",
+        "in-callers-transaction",
+        "limit-key",
+        "delay",
+        "run_at",
+        "depends_on",
+    ],  # fmt: skip
+)
+def test_the_plan_sends_only_a_job_that_could_be_handed_off_to_the_handoff_statement(
+    options: dict[str, Any], own: bool, statement: str
+) -> None:
+    """job_insert_handoff for an enqueue on its own of a job it could hand off; the
+    plainer job_insert (DECISIONS 84) for the rest, and a job with dependencies takes
+    its locks first (then job_insert)."""
+    plan = plans.job_insert(NewJob("h.job", **options), 5, handoff=own)
+    first = next(plan.steps())
+    assert isinstance(first, Query) and first.name == statement

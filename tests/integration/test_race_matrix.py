@@ -339,11 +339,11 @@ def _park(conn: Conn, slot: int = 0) -> None:
 
 
 def _handoff(key: str | None) -> Callable[[Conn, World], list[DictRow]]:
-    """Client.enqueue on its own connection: job_insert that may hand off."""
+    """Client.enqueue on its own connection: job_insert_handoff."""
 
     def run(conn: Conn, w: World) -> list[DictRow]:
         new = NewJob("race", queue=QUEUE, idempotency_key=key)
-        return _rows(conn, "job_insert", new.params(5, handoff=True))
+        return _rows(conn, "job_insert_handoff", new.params(5))
 
     return run
 
@@ -450,8 +450,8 @@ STATEMENTS: dict[str, Stmt] = {
         ),
         # handoffs at enqueue (DECISIONS 83): two enqueues for one parked slot, the
         # parker taking its slots back or adopting the job its notification named
-        Stmt("handoff", ("job_insert",), _handoff(IDEM), _made_idem, inserts=True),
-        Stmt("handoff_2", ("job_insert",), _handoff(None), _any),
+        Stmt("handoff", ("job_insert_handoff",), _handoff(IDEM), _made_idem, inserts=True),
+        Stmt("handoff_2", ("job_insert_handoff",), _handoff(None), _any),
         Stmt("unpark", ("job_unpark",), _unpark, _returned_job),
         Stmt("adopt", ("job_adopt",), _adopt, _returned_job),
     ]

@@ -284,9 +284,7 @@ def test_a_job_handed_off_while_the_listener_was_away_is_found_when_it_returns(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
-            row = conn.execute(
-                QUERIES["job_insert"], NewJob("noop").params(5, handoff=True)
-            ).fetchone()
+            row = conn.execute(QUERIES["job_insert_handoff"], NewJob("noop").params(5)).fetchone()
             assert row is not None and row["lease_worker"] == worker.worker_id, row
         finally:
             admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
