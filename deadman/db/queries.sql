@@ -149,10 +149,13 @@ SELECT * FROM ins;
 -- COPY cannot notify, so this statement wakes the %(queues)s it will fill (every row
 -- COPYed is queued, due now): NOTIFY is sent at commit, so only if the COPY commits
 -- with it (DECISIONS 84).
+-- The ids come as one array, in the order they were taken (a thousand rows cost the
+-- client ~0.4 ms more to read than one array of a thousand).
 WITH woke AS (
     SELECT pg_notify('deadman_jobs', q) FROM unnest(%(queues)s::text[]) AS q GROUP BY q
 )
-SELECT nextval('deadman.jobs_id_seq') AS id FROM generate_series(1, %(n)s::integer)
+SELECT array_agg(nextval('deadman.jobs_id_seq') ORDER BY g) AS ids
+FROM generate_series(1, %(n)s::integer) AS g
 WHERE (SELECT count(*) FROM woke) >= 0;
 
 -- name: job_copy_direct

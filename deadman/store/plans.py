@@ -112,7 +112,7 @@ def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps
     if all(_copies_direct(j) for j in jobs):
         queues = sorted({j.queue for j in jobs})
         reserved = yield Query("job_ids_reserve", {"n": len(jobs), "queues": queues})
-        ids = [int(r["id"]) for r in reserved]
+        ids = [int(i) for i in reserved[0]["ids"]]
         yield Copy("job_copy_direct", _direct(ids, jobs, default_max_attempts))
         return ids
     yield Query("job_stage_prepare", {})

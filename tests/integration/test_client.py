@@ -445,7 +445,7 @@ def test_enqueue_many_takes_the_straight_copy_only_without_key_run_at_or_delay(
     def first_statements(jobs: list[Any]) -> list[str]:
         steps = plans.job_insert_many(jobs, 5).steps()
         names = [next(steps).name]
-        names.append(steps.send([{"id": i} for i in range(len(jobs))]).name)
+        names.append(steps.send([{"ids": list(range(len(jobs)))}]).name)
         return names
 
     now = datetime.now(UTC)

@@ -334,7 +334,7 @@ def test_parked_slots_of_a_worker_past_its_ttl_are_ignored_even_before_prune(
         "delay",
         "run_at",
         "depends_on",
-    ],  # fmt: skip
+    ],
 )
 def test_the_plan_sends_only_a_job_that_could_be_handed_off_to_the_handoff_statement(
     options: dict[str, Any], own: bool, statement: str
