@@ -94,6 +94,7 @@ WITH v AS (
     FROM deadman.parked p, v
     -- a role that may not mint lease tokens (deadman_api) queues its jobs
     WHERE has_sequence_privilege('deadman.lease_token_seq', 'USAGE')
+      AND p.open
       AND %(queue)s = ANY (p.queues)
       AND p.job_id IS NULL
       AND p.expires_at > now()
@@ -606,31 +607,51 @@ DELETE FROM deadman.workers WHERE id = %(worker)s;
 -- Park %(slots)s free slots of an idle worker for handoffs (DECISIONS 83, migration
 -- 0021), numbered from %(first)s. The worker has reserved them: nothing else it runs
 -- takes them until it unparks (job_unpark) or a job is handed into one (job_adopt).
-INSERT INTO deadman.parked (worker, slot, queues, channel, ttl_ms, expires_at)
+-- A slot's row is kept once taken back (closed) and reopened here (DECISIONS 85:
+-- updates in place, no dead rows for VACUUM); a row that is still open is left as it
+-- is (it may hold a handed job, which only an unpark or an adoption may take).
+INSERT INTO deadman.parked AS p (worker, slot, queues, channel, ttl_ms, expires_at)
 SELECT %(worker)s, n, %(queues)s::text[], %(channel)s, %(ttl_ms)s::integer,
        now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-FROM generate_series(%(first)s::integer, %(first)s::integer + %(slots)s::integer - 1) AS n;
+FROM generate_series(%(first)s::integer, %(first)s::integer + %(slots)s::integer - 1) AS n
+ON CONFLICT (worker, slot) DO UPDATE
+SET open = true, job_id = NULL, lease_token = NULL, queues = excluded.queues,
+    channel = excluded.channel, ttl_ms = excluded.ttl_ms, expires_at = excluded.expires_at
+WHERE NOT p.open;
 
 -- name: job_unpark
--- Take back every slot this worker parked: each row, with the job an enqueue handed
--- into it (NULL: none). A row an enqueue holds right now is waited for, so what this
--- returns is final: a slot is either back or holds its job. The jobs are read by
+-- Take back every slot this worker parked: each open row, with the job an enqueue
+-- handed into it (NULL: none), closed in place (DECISIONS 85). A row an enqueue holds
+-- right now is waited for (FOR UPDATE reads the row as that enqueue left it), so what
+-- this returns is final: a slot is either back or holds its job. The jobs are read by
 -- job_adopt_read, in a statement of their own: this one's snapshot predates the
 -- enqueues it waited for.
-DELETE FROM deadman.parked
-WHERE worker = %(worker)s
-RETURNING slot, job_id, lease_token;
+WITH taken AS (
+    SELECT slot, job_id, lease_token FROM deadman.parked
+    WHERE worker = %(worker)s AND open
+    FOR UPDATE
+), closed AS (
+    UPDATE deadman.parked p SET open = false, job_id = NULL, lease_token = NULL
+    FROM taken t
+    WHERE p.worker = %(worker)s AND p.slot = t.slot
+)
+SELECT slot, job_id, lease_token FROM taken;
 
 -- name: job_adopt
--- A handoff's notification named %(job_id)s: take its slot's row (so each handed job
--- is adopted once, whatever is replayed or forged on the channel) and read the job,
+-- A handoff's notification named %(job_id)s: take its slot's row, closing it (so each
+-- handed job is adopted once, whatever is replayed or forged on the channel; a second
+-- adoption or an unpark waits for the row, then finds it closed) and read the job,
 -- if it is still running under the lease that enqueue gave us. lease_left_ms: what
 -- is left of that lease now (the worker trusts it from this statement's send time
 -- for that long, less its margin). No row: not ours, or already taken.
 WITH m AS (
-    DELETE FROM deadman.parked
-    WHERE worker = %(worker)s AND job_id = %(job_id)s
-    RETURNING slot, job_id, lease_token
+    SELECT slot, job_id, lease_token FROM deadman.parked
+    WHERE worker = %(worker)s AND job_id = %(job_id)s AND open
+    FOR UPDATE
+), closed AS (
+    UPDATE deadman.parked p SET open = false, job_id = NULL, lease_token = NULL
+    FROM m
+    WHERE p.worker = %(worker)s AND p.slot = m.slot
 )
 SELECT m.slot,
        (extract(epoch FROM j.lease_expires_at - now()) * 1000)::bigint AS lease_left_ms,

@@ -7,7 +7,7 @@ starts about when the enqueue returns.
 The slots are this worker's accounting as much as the table's: a parked slot is
 taken from :class:`Slots` when it is parked, so no claim or refill uses it, and comes
 back when it is unparked or when the job handed into it starts (which takes a slot
-of its own). Every row is taken once, by whichever statement deletes it: ``adopt``
+of its own). Every row is taken once, by whichever statement closes it: ``adopt``
 (the notification) or ``unpark`` (before every claim round, and at stop). So a job
 handed off is started once, whatever the channel carries (a payload is input: anyone
 may NOTIFY), and one whose notification was lost is found by the next unpark.
@@ -53,7 +53,6 @@ class Parking(WorkerLoop):
         self._ttl_s = s.lease_ttl_s
         self._margin_s = s.lease_margin_s
         self._parked: set[int] = set()
-        self._next = 0
         self._adopting: set[asyncio.Task[None]] = set()
         self.adopted = 0
         #: set when a handoff takes a parked slot (the producer parks another)
@@ -85,8 +84,7 @@ class Parking(WorkerLoop):
         n = min(self._slots.free(), self.target - len(self._parked))
         if n <= 0:
             return
-        first = self._next
-        self._next += n
+        first = self._free_run(n)
         for slot in range(first, first + n):
             self._slots.take()
             self._parked.add(slot)
@@ -95,6 +93,16 @@ class Parking(WorkerLoop):
             await self._store.worker_park(park)
         except DatabaseUnavailable as exc:
             log.warning("park_failed", error=str(exc), slots=n)
+
+    def _free_run(self, n: int) -> int:
+        """The lowest ``first`` such that slots ``first`` .. ``first + n - 1`` are none
+        of them parked. A slot's number is used again once it is back (its row was
+        closed: worker_park reopens it in place, DECISIONS 85), so the numbers stay
+        below twice the target and the rows are the same few."""
+        first = 0
+        while any(s in self._parked for s in range(first, first + n)):
+            first += 1
+        return first
 
     async def unpark(self) -> None:
         """Take every parked slot back and start the jobs handed into them."""

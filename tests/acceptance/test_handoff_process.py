@@ -33,7 +33,7 @@ def parked_slots(dsn: str, worker: str) -> int:
     return int(
         sql_value(
             dsn,
-            "SELECT count(*) FROM deadman.parked WHERE worker = %s AND job_id IS NULL",
+            "SELECT count(*) FROM deadman.parked WHERE worker = %s AND open AND job_id IS NULL",
             (worker,),
         )
     )

@@ -1233,6 +1233,8 @@ NEVER_HOLD_A_DUE_JOB = {
     "job_prune_finished": "finished rows only",
     "workflow_prune_finished": "finished workflows, no job row",
     "schedule_due": "deadman.schedules rows, no job row",
+    "job_adopt": "deadman.parked rows (FOR UPDATE OF its slot), no job row",
+    "job_unpark": "deadman.parked rows (FOR UPDATE of its slots), no job row",
 }
 
 

@@ -342,7 +342,8 @@ def test_a_quarantined_job_runs_alone_with_no_slot_parked_for_a_handoff(
 
 
 def _parked(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) AS n FROM deadman.parked WHERE job_id IS NULL").fetchone()
+    q = "SELECT count(*) AS n FROM deadman.parked WHERE open AND job_id IS NULL"
+    row = conn.execute(q).fetchone()
     return int(row["n"]) if row else 0
 
 
