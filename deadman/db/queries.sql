@@ -684,7 +684,8 @@ DELETE FROM deadman.workers
 WHERE last_heartbeat_at < now() - %(older_than_ms)s::bigint * interval '1 millisecond';
 
 -- name: listen_jobs
--- The channel the insert trigger, rescues and releases notify (payload: queue name).
+-- The channel the inserting statements (DECISIONS 84), rescues and releases notify
+-- (payload: queue name).
 LISTEN deadman_jobs;
 
 -- name: listen_cancel

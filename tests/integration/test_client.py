@@ -137,7 +137,7 @@ def test_transactional_enqueue_is_invisible_until_commit(client: Client, db_dsn:
         assert other.execute("SELECT count(*) FROM deadman.jobs").fetchone() == (0,)
         mine.commit()
         assert other.execute("SELECT id FROM deadman.jobs").fetchall() == [(job.id,)]
-        # the insert trigger's wake-up is delivered with the commit
+        # the insert's wake-up (DECISIONS 84) is delivered with the commit
         notes = wait_for(
             lambda: [n.payload for n in other.notifies(timeout=0.2, stop_after=1)] or None,
             timeout=5,
