@@ -1,0 +1,179 @@
+"""Before/after: what an enqueue call costs the caller, for two revisions of Deadman.
+
+    python -m bench.enqueue_ab --base 8977a05                 # that commit vs this checkout
+    python -m bench.enqueue_ab --base 8977a05 --reps 8 --calls 400
+
+Each side runs from its own tree (``git worktree`` for a commit, this checkout for
+``.``) with its own migrations, in its own database of one private durable cluster,
+as ``bench.ab`` does; the sides take turns rep by rep, and which goes first alternates.
+A rep is one process of the side's own code timing ``Client.enqueue`` (``perf_counter``
+around the call, paced one call every 4 ms so the connection is never busy) in three
+shapes taken in turn, and ``Client.enqueue_many``:
+
+- **handed**: an enqueue on its own while a slot is parked for its queue (the
+  handoff at enqueue, DECISIONS 83): the slot is parked again and the handed job
+  taken with the side's own statements before the next call;
+- **queued**: an enqueue on its own with no slot parked;
+- **in_tx**: an enqueue inside the caller's transaction (``conn=``), committed by the
+  caller (the commit is timed too);
+- **bulk_1000**: ``enqueue_many`` of 1,000 jobs (jobs/s).
+
+No worker runs: this is the caller's side alone (``bench.run``'s latency phase has the
+enqueue → handler path). Raw results: ``bench/results/enqueue-ab-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.ab import _base_env, paired_ratio, rep_order
+from bench.common import (
+    ROOT,
+    create_database,
+    durable_cluster,
+    machine,
+    median,
+    remove_trees,
+    revision_tree,
+)
+
+SHAPES = ("handed", "queued", "in_tx", "bulk_1000")
+
+# Run inside the side's tree: its own package, its own statements.
+DRIVER = """
+import json, statistics, sys, time
+import psycopg
+from psycopg.rows import dict_row
+from deadman.client import Client
+from deadman.db.migrate import migrate
+from deadman.db.queries import QUERIES
+dsn, calls = sys.argv[1], int(sys.argv[2])
+if sys.argv[3] == "setup":
+    migrate(dsn)
+    raise SystemExit(0)
+PARK = {"worker": "enqueue-ab", "queues": ["ab"], "channel": "deadman_handoff_ab",
+        "ttl_ms": 60000, "first": 0, "slots": 1}
+admin = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+admin.execute("TRUNCATE deadman.jobs, deadman.attempt_log RESTART IDENTITY CASCADE")
+admin.execute("DELETE FROM deadman.parked")
+admin.execute("VACUUM ANALYZE deadman.jobs")
+theirs = psycopg.connect(dsn)
+times = {"handed": [], "queued": [], "in_tx": []}
+with Client(dsn) as client:
+    client.get(0)
+    nxt = time.perf_counter()
+    for i in range(calls * 3 + 30):
+        shape = ("handed", "queued", "in_tx")[i % 3]
+        # nothing due left behind: a queued job would hold the next handoff back
+        admin.execute("UPDATE deadman.jobs SET state = 'succeeded', finished_at = now(),"
+                      " lease_token = NULL, lease_expires_at = NULL"
+                      " WHERE state IN ('queued', 'running')")
+        if shape == "handed":
+            admin.execute(QUERIES["worker_park"], PARK)
+        nxt = max(nxt + 0.004, time.perf_counter())
+        while time.perf_counter() < nxt:
+            pass
+        t = time.perf_counter()
+        if shape == "in_tx":
+            job = client.enqueue("ab.job", {"i": i}, queue="ab", conn=theirs)
+            theirs.commit()
+        else:
+            job = client.enqueue("ab.job", {"i": i}, queue="ab")
+        took = time.perf_counter() - t
+        want = "running" if shape == "handed" else "queued"
+        assert job.state.value == want, (shape, job.state)
+        if shape == "handed":
+            admin.execute(QUERIES["job_adopt"], {"worker": PARK["worker"], "job_id": job.id})
+        if i >= 30:
+            times[shape].append(took * 1000)
+    bulk = []
+    for rep in range(12):
+        jobs = [client.job("ab.job", {"i": j}, queue="ab") for j in range(1000)]
+        t = time.perf_counter()
+        client.enqueue_many(jobs)
+        bulk.append(1000 / (time.perf_counter() - t))
+out = {shape: round(statistics.median(v), 4) for shape, v in times.items()}
+out["bulk_1000"] = round(statistics.median(bulk[2:]), 1)
+print(json.dumps(out))
+"""
+
+
+def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, *args],
+        cwd=tree,
+        env={**_base_env(), "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"driver in {tree} failed: {out.stderr[-2000:]}")
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the 'before' revision (a commit)")
+    ap.add_argument("--rev", default=".", help="the 'after' revision (default: this checkout)")
+    ap.add_argument("--calls", type=int, default=300, help="timed calls per shape and rep")
+    ap.add_argument("--reps", type=int, default=6, help="even: each side first as often")
+    ap.add_argument("--out", help="raw JSON path (default bench/results/enqueue-ab-<time>.json)")
+    a = ap.parse_args(argv)
+    keep: list[Path] = []
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    try:
+        sides = {"before": revision_tree(a.base, keep), "after": revision_tree(a.rev, keep)}
+        with durable_cluster() as cluster:
+            dsns = {side: create_database(cluster, f"enqueue_ab_{side}") for side in sides}
+            info = machine(dsns["after"])
+            for side, (tree, _) in sides.items():
+                _drive(tree, [dsns[side], "0", "setup"])
+            for rep in range(a.reps):
+                for side in rep_order(rep):
+                    tree, commit = sides[side]
+                    r = _drive(tree, [dsns[side], str(a.calls), "run"])
+                    runs[side].append(r)
+                    print(f"rep {rep + 1} {side} ({commit}): {r}", flush=True)
+    finally:
+        remove_trees(keep)
+    shapes: dict[str, Any] = {}
+    for shape in SHAPES:
+        before = [r[shape] for r in runs["before"]]
+        after = [r[shape] for r in runs["after"]]
+        shapes[shape] = {
+            "unit": "jobs/s" if shape.startswith("bulk") else "ms (call p50)",
+            "before": median(before),
+            "after": median(after),
+            "paired_ratio": paired_ratio(before, after),
+        }
+    data = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": info,
+        "calls_per_shape_and_rep": a.calls,
+        "revisions": {side: commit for side, (_, commit) in sides.items()},
+        "runs": runs,
+        "shapes": shapes,
+    }
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"enqueue-ab-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    for shape, s in shapes.items():
+        print(
+            f"{shape}: before {s['before']}, after {s['after']} {s['unit']}"
+            f" (after/before rep by rep: {s['paired_ratio']}x)"
+        )
+    print(f"raw: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
