@@ -17,11 +17,13 @@ BENCHMARKS.md ("Before and after").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,12 +52,40 @@ else:
 """
 
 
-def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
-    env = {"PYTHONPATH": str(tree)}
+#: the two sides of a comparison: side -> (its tree, its commit)
+Sides = dict[str, tuple[Path, str]]
+
+
+def side_arguments(ap: argparse.ArgumentParser) -> None:
+    """--base and --rev, as every before/after tool takes them."""
+    ap.add_argument("--base", required=True, help="the 'before' revision (a commit)")
+    ap.add_argument("--rev", default=".", help="the 'after' revision (default: this checkout)")
+
+
+@contextlib.contextmanager
+def two_sides(
+    base: str, rev: str, database_prefix: str
+) -> Iterator[tuple[Sides, dict[str, str], dict[str, Any]]]:
+    """Each side's tree (a worktree of a commit, or this checkout for '.'), a database
+    for each on one private durable cluster, and the machine's description; the trees
+    are removed afterwards."""
+    keep: list[Path] = []
+    try:
+        sides = {"before": revision_tree(base, keep), "after": revision_tree(rev, keep)}
+        with durable_cluster() as cluster:
+            dsns = {side: create_database(cluster, f"{database_prefix}_{side}") for side in sides}
+            yield sides, dsns, machine(dsns["after"])
+    finally:
+        remove_trees(keep)
+
+
+def run_driver(tree: Path, driver: str, args: list[str]) -> dict[str, Any]:
+    """Run ``driver`` (Python source) with ``args`` inside ``tree``, on that tree's own
+    package; its last line of JSON is the result."""
     out = subprocess.run(
-        [sys.executable, "-c", DRIVER, *args],
+        [sys.executable, "-c", driver, *args],
         cwd=tree,
-        env={**_base_env(), **env},
+        env={**_base_env(), "PYTHONPATH": str(tree)},
         capture_output=True,
         text=True,
         timeout=900,
@@ -64,6 +94,10 @@ def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
         raise RuntimeError(f"driver in {tree} failed: {out.stderr[-2000:]}")
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1]) if lines else {}
+
+
+def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
+    return run_driver(tree, DRIVER, args)
 
 
 def rep_order(rep: int) -> tuple[str, str]:
@@ -85,38 +119,30 @@ def _base_env() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="the 'before' revision (a commit)")
-    ap.add_argument("--rev", default=".", help="the 'after' revision (default: this checkout)")
+    side_arguments(ap)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=4, help="even: each side first as often")
     ap.add_argument("--out", help="raw JSON path (default bench/results/ab-<time>.json)")
     a = ap.parse_args(argv)
-    keep: list[Path] = []
     results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-    try:
-        sides = {"before": revision_tree(a.base, keep), "after": revision_tree(a.rev, keep)}
-        with durable_cluster() as cluster:
-            dsns = {side: create_database(cluster, f"ab_{side}") for side in sides}
-            info = machine(dsns["after"])
-            logdir = Path(tempfile.mkdtemp(prefix="deadman-ab-logs-"))
-            common = [str(a.jobs), str(a.processes), str(a.concurrency), str(logdir)]
-            for side, (tree, _) in sides.items():
-                _drive(tree, [dsns[side], *common, "1"])
-            for rep in range(a.reps):
-                for place, side in enumerate(rep_order(rep)):
-                    tree, commit = sides[side]
-                    r = {**_drive(tree, [dsns[side], *common, "0"]), "ran_first": place == 0}
-                    results[side].append(r)
-                    ok = (r.get("verify") or {}).get("ok")
-                    print(
-                        f"rep {rep + 1} {side} ({commit}): {r.get('jobs_per_s')} jobs/s, "
-                        f"exactly once: {ok}",
-                        flush=True,
-                    )
-    finally:
-        remove_trees(keep)
+    with two_sides(a.base, a.rev, "ab") as (sides, dsns, info):
+        logdir = Path(tempfile.mkdtemp(prefix="deadman-ab-logs-"))
+        common = [str(a.jobs), str(a.processes), str(a.concurrency), str(logdir)]
+        for side, (tree, _) in sides.items():
+            _drive(tree, [dsns[side], *common, "1"])
+        for rep in range(a.reps):
+            for place, side in enumerate(rep_order(rep)):
+                tree, commit = sides[side]
+                r = {**_drive(tree, [dsns[side], *common, "0"]), "ran_first": place == 0}
+                results[side].append(r)
+                ok = (r.get("verify") or {}).get("ok")
+                print(
+                    f"rep {rep + 1} {side} ({commit}): {r.get('jobs_per_s')} jobs/s, "
+                    f"exactly once: {ok}",
+                    flush=True,
+                )
     failed = [r for rs in results.values() for r in rs if not (r.get("verify") or {}).get("ok")]
     jobs_per_s = {side: [r["jobs_per_s"] for r in rs] for side, rs in results.items()}
     med = {side: median(values) for side, values in jobs_per_s.items()}

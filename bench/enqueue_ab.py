@@ -26,22 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.ab import _base_env, paired_ratio, rep_order
-from bench.common import (
-    ROOT,
-    create_database,
-    durable_cluster,
-    machine,
-    median,
-    remove_trees,
-    revision_tree,
-)
+from bench.ab import paired_ratio, rep_order, run_driver, side_arguments, two_sides
+from bench.common import ROOT, median
 
 SHAPES = ("handed", "queued", "in_tx", "bulk_1000")
 
@@ -104,46 +94,23 @@ print(json.dumps(out))
 """
 
 
-def _drive(tree: Path, args: list[str]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, *args],
-        cwd=tree,
-        env={**_base_env(), "PYTHONPATH": str(tree)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"driver in {tree} failed: {out.stderr[-2000:]}")
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="the 'before' revision (a commit)")
-    ap.add_argument("--rev", default=".", help="the 'after' revision (default: this checkout)")
+    side_arguments(ap)
     ap.add_argument("--calls", type=int, default=300, help="timed calls per shape and rep")
     ap.add_argument("--reps", type=int, default=6, help="even: each side first as often")
     ap.add_argument("--out", help="raw JSON path (default bench/results/enqueue-ab-<time>.json)")
     a = ap.parse_args(argv)
-    keep: list[Path] = []
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-    try:
-        sides = {"before": revision_tree(a.base, keep), "after": revision_tree(a.rev, keep)}
-        with durable_cluster() as cluster:
-            dsns = {side: create_database(cluster, f"enqueue_ab_{side}") for side in sides}
-            info = machine(dsns["after"])
-            for side, (tree, _) in sides.items():
-                _drive(tree, [dsns[side], "0", "setup"])
-            for rep in range(a.reps):
-                for side in rep_order(rep):
-                    tree, commit = sides[side]
-                    r = _drive(tree, [dsns[side], str(a.calls), "run"])
-                    runs[side].append(r)
-                    print(f"rep {rep + 1} {side} ({commit}): {r}", flush=True)
-    finally:
-        remove_trees(keep)
+    with two_sides(a.base, a.rev, "enqueue_ab") as (sides, dsns, info):
+        for side, (tree, _) in sides.items():
+            run_driver(tree, DRIVER, [dsns[side], "0", "setup"])
+        for rep in range(a.reps):
+            for side in rep_order(rep):
+                tree, commit = sides[side]
+                r = run_driver(tree, DRIVER, [dsns[side], str(a.calls), "run"])
+                runs[side].append(r)
+                print(f"rep {rep + 1} {side} ({commit}): {r}", flush=True)
     shapes: dict[str, Any] = {}
     for shape in SHAPES:
         before = [r[shape] for r in runs["before"]]
