@@ -57,9 +57,11 @@ def enqueue(conn: Conn, *, handoff: bool = True, **params: Any) -> DictRow | Non
     return conn.execute(QUERIES[name], values).fetchone()
 
 
-def parked(conn: Conn) -> list[DictRow]:
-    """The open slots (a slot taken back is closed in place: DECISIONS 85)."""
-    return conn.execute("SELECT * FROM deadman.parked WHERE open ORDER BY worker, slot").fetchall()
+def parked(conn: Conn, *, closed_too: bool = False) -> list[DictRow]:
+    """The open slots (a slot taken back is closed in place: DECISIONS 85); with
+    ``closed_too``, every row."""
+    where = "" if closed_too else " WHERE open"
+    return conn.execute(f"SELECT * FROM deadman.parked{where} ORDER BY worker, slot").fetchall()
 
 
 def test_an_enqueue_on_its_own_hands_its_job_to_a_parked_slot(db_dsn: str) -> None:
@@ -349,13 +351,6 @@ def test_the_plan_sends_only_a_job_that_could_be_handed_off_to_the_handoff_state
     assert isinstance(first, Query) and first.name == statement
 
 
-def _rows(conn: Conn) -> list[DictRow]:
-    """Every row of the parker's, open or closed."""
-    return conn.execute(
-        "SELECT slot, open, job_id FROM deadman.parked WHERE worker = %s ORDER BY slot", (WORKER,)
-    ).fetchall()
-
-
 def test_a_slot_taken_back_is_closed_in_place_and_reopened_by_the_next_park(
     db_dsn: str,
 ) -> None:
@@ -366,18 +361,18 @@ def test_a_slot_taken_back_is_closed_in_place_and_reopened_by_the_next_park(
         job = enqueue(conn)
         assert job is not None
         conn.execute(QUERIES["job_adopt"], {"worker": WORKER, "job_id": job["id"]})
-        assert [(r["slot"], r["open"], r["job_id"]) for r in _rows(conn)] == [
+        assert [(r["slot"], r["open"], r["job_id"]) for r in parked(conn, closed_too=True)] == [
             (0, False, None),
             (1, True, None),
         ]
         conn.execute(QUERIES["job_unpark"], {"worker": WORKER})
-        assert [r["open"] for r in _rows(conn)] == [False, False]
+        assert [r["open"] for r in parked(conn, closed_too=True)] == [False, False]
         # closed, every slot: the next enqueue queues
         queued = enqueue(conn)
         assert queued is not None and queued["state"] == "queued"
         conn.execute("DELETE FROM deadman.jobs WHERE id = %s", (queued["id"],))
         park(conn, 2)
-        assert [(r["slot"], r["open"], r["job_id"]) for r in _rows(conn)] == [
+        assert [(r["slot"], r["open"], r["job_id"]) for r in parked(conn, closed_too=True)] == [
             (0, True, None),
             (1, True, None),
         ]
@@ -394,7 +389,7 @@ def test_a_park_never_reopens_a_row_that_still_holds_a_handed_job(db_dsn: str) -
         job = enqueue(conn)
         assert job is not None and job["state"] == "running"
         park(conn, ttl_ms=TTL_MS * 2)
-        (row,) = _rows(conn)
+        (row,) = parked(conn, closed_too=True)
         assert (row["open"], row["job_id"]) == (True, job["id"])
         (taken,) = conn.execute(QUERIES["job_unpark"], {"worker": WORKER}).fetchall()
         assert (taken["slot"], taken["job_id"]) == (0, job["id"])
