@@ -48,7 +48,7 @@ if sys.argv[3] == "setup":
     migrate(dsn)
     raise SystemExit(0)
 PARK = {"worker": "enqueue-ab", "queues": ["ab"], "channel": "deadman_handoff_ab",
-        "ttl_ms": 60000, "first": 0, "slots": 1}
+        "ttl_ms": 60000, "first": 0, "slots": 1, "nonces": [1]}
 admin = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
 admin.execute("TRUNCATE deadman.jobs, deadman.attempt_log RESTART IDENTITY CASCADE")
 admin.execute("DELETE FROM deadman.parked")

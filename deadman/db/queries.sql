@@ -90,7 +90,7 @@ WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz,
                     now() + %(delay_ms)s::bigint * interval '1 millisecond') AS run_at
 ), slot AS (
-    SELECT p.worker, p.slot, p.ttl_ms, p.channel
+    SELECT p.worker, p.slot, p.ttl_ms, p.channel, p.nonce
     FROM deadman.parked p, v
     -- a role that may not mint lease tokens (deadman_api) queues its jobs
     WHERE has_sequence_privilege('deadman.lease_token_seq', 'USAGE')
@@ -138,9 +138,14 @@ WITH v AS (
 ), handed AS (
     UPDATE deadman.parked p
     SET job_id = i.id, lease_token = i.lease_token
-    FROM ins i, slot s
+    FROM ins i, slot s,
+         LATERAL (SELECT i.id || ' ' || s.nonce || ' ' || row_to_json(i)::text AS note) n
     WHERE i.state = 'running' AND p.worker = s.worker AND p.slot = s.slot
-    RETURNING pg_notify(s.channel, i.id::text)
+    -- the job itself, after the slot's nonce, so the worker starts it without reading
+    -- it back (DECISIONS 86); the id alone when the row has no nonce or the job is too
+    -- big for a notification (under 8,000 bytes), and the worker reads it (job_adopt)
+    RETURNING pg_notify(s.channel, CASE WHEN octet_length(n.note) < 8000 THEN n.note
+                                        ELSE i.id::text END)
 )
 SELECT * FROM ins;
 
@@ -604,19 +609,22 @@ WITH parked AS (DELETE FROM deadman.parked WHERE worker = %(worker)s)
 DELETE FROM deadman.workers WHERE id = %(worker)s;
 
 -- name: worker_park
--- Park %(slots)s free slots of an idle worker for handoffs (DECISIONS 83, migration
+-- Park free slots of an idle worker for handoffs (DECISIONS 83, migration
 -- 0021), numbered from %(first)s. The worker has reserved them: nothing else it runs
 -- takes them until it unparks (job_unpark) or a job is handed into one (job_adopt).
 -- A slot's row is kept once taken back (closed) and reopened here (DECISIONS 85:
 -- updates in place, no dead rows for VACUUM); a row that is still open is left as it
 -- is (it may hold a handed job, which only an unpark or an adoption may take).
-INSERT INTO deadman.parked AS p (worker, slot, queues, channel, ttl_ms, expires_at)
-SELECT %(worker)s, n, %(queues)s::text[], %(channel)s, %(ttl_ms)s::integer,
-       now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-FROM generate_series(%(first)s::integer, %(first)s::integer + %(slots)s::integer - 1) AS n
+-- %(nonces)s: one per slot, in slot order, written into its row (DECISIONS 86): the
+-- worker starts a job carried in a notification only if it carries that nonce.
+INSERT INTO deadman.parked AS p (worker, slot, queues, channel, ttl_ms, expires_at, nonce)
+SELECT %(worker)s, %(first)s::integer + k.n - 1, %(queues)s::text[], %(channel)s,
+       %(ttl_ms)s::integer, now() + %(ttl_ms)s::bigint * interval '1 millisecond', k.nonce
+FROM unnest(%(nonces)s::bigint[]) WITH ORDINALITY AS k(nonce, n)
 ON CONFLICT (worker, slot) DO UPDATE
 SET open = true, job_id = NULL, lease_token = NULL, queues = excluded.queues,
-    channel = excluded.channel, ttl_ms = excluded.ttl_ms, expires_at = excluded.expires_at
+    channel = excluded.channel, ttl_ms = excluded.ttl_ms, expires_at = excluded.expires_at,
+    nonce = excluded.nonce
 WHERE NOT p.open;
 
 -- name: job_unpark

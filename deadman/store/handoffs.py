@@ -13,7 +13,8 @@ from deadman.store.leases import LeaseStore
 
 @dataclass(frozen=True)
 class Park:
-    """Slots ``first`` .. ``first + slots - 1`` of ``worker``, parked for its queues."""
+    """Slots ``first`` .. ``first + len(nonces) - 1`` of ``worker``, parked for its
+    queues, each with its nonce (DECISIONS 86)."""
 
     worker: str
     queues: Sequence[str]
@@ -21,7 +22,9 @@ class Park:
     channel: str
     ttl_ms: int
     first: int
-    slots: int
+    #: one per slot, in slot order: a notification that carries a slot's nonce carries
+    #: a job an enqueue handed into it (nobody else can read the nonce)
+    nonces: Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class HandoffStore(LeaseStore):
                 "channel": p.channel,
                 "ttl_ms": p.ttl_ms,
                 "first": p.first,
-                "slots": p.slots,
+                "nonces": list(p.nonces),
             },
             retry_s=0,
         )

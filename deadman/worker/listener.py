@@ -91,15 +91,16 @@ class Listener:
         on_cancel: Callable[[int], None] | None = None,
         *,
         settings: Settings | None = None,
-        handoff: tuple[str, Callable[[int], None]] | None = None,
+        handoff: tuple[str, Callable[[str], bool]] | None = None,
         on_connect: Callable[[], None] | None = None,
     ) -> None:
         """``dsn``: the database URL; ``settings``: where and whether to listen
         (``listen``, ``listen_url``, ``prepare``; by default the environment's, see
         :func:`deadman.config.connection_settings`). ``handoff``: this worker's own
-        channel and what to call with the id of a job handed to it there (DECISIONS
-        83); ``on_connect``: called each time the LISTENs are in place, before the
-        wake-up that follows."""
+        channel and what to call with each payload heard there (DECISIONS 83, 86): it
+        parses the payload itself and answers False when it names no job;
+        ``on_connect``: called each time the LISTENs are in place, before the wake-up
+        that follows."""
         s = connection_settings() if settings is None else settings
         self._dsn = s.listen_url or dsn
         self._enabled = s.listen
@@ -109,12 +110,11 @@ class Listener:
         self._on_cancel = on_cancel
         self._on_connect = on_connect
         self._handoff_channel = handoff[0] if handoff else ""
+        self._on_note = handoff[1] if handoff else None
         #: the channels whose payload is a job id, and what to call with it
         self._on_id: dict[str, Callable[[int], None]] = {}
         if on_cancel is not None:
             self._on_id[CANCEL_CHANNEL] = on_cancel
-        if handoff is not None:
-            self._on_id[handoff[0]] = handoff[1]
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
@@ -177,13 +177,17 @@ class Listener:
                 await conn.execute(QUERIES["ping"])
 
     def _dispatch(self, channel: str, payload: str) -> None:
+        if self._on_note is not None and channel == self._handoff_channel:
+            # A handoff: ours alone, but anyone may send on it; the worker starts only
+            # a job an enqueue handed into a slot of ours (Parking.noted).
+            if not self._on_note(payload):
+                self._ignore(channel, payload)
+            return
         on_id = self._on_id.get(channel)
         if on_id is not None:
             # A cancel: every worker hears it; the one holding the job acts, the rest
             # ignore it (a missed one is caught by the heartbeat, which reads
-            # cancel_requested). A handoff: ours alone, but anyone may send on it, and
-            # the worker only runs a job whose parked row an enqueue filled
-            # (job_adopt). Either way the id is parsed strictly.
+            # cancel_requested). The id is parsed strictly.
             job_id = parse_job_id(payload)
             if job_id is None:
                 self._ignore(channel, payload)

@@ -1,7 +1,7 @@
-"""Handoffs at enqueue (DECISIONS 83): an idle worker parks a few free slots in
+"""Handoffs at enqueue (DECISIONS 83, 86): an idle worker parks a few free slots in
 ``deadman.parked``; an enqueue that finds one inserts its job already running under
-this worker's lease and sends the job's id on this worker's channel; we take the slot's
-row and run the job (``adopt``). No claim round trip, no claim commit: the handler
+this worker's lease and sends the job on this worker's channel; we run it and close
+the slot's row (``adopt``). No claim round trip, no claim commit, no read: the handler
 starts about when the enqueue returns.
 
 The slots are this worker's accounting as much as the table's: a parked slot is
@@ -16,17 +16,31 @@ Never trusted beyond its lease: an enqueue started the lease before we knew of i
 the job is trusted from the adopting statement's send time only for what that
 statement read was left of it, less the margin; a job with too little left is not
 started (the lease lapses, and the rescuer hands it on).
+
+Started from the notification (DECISIONS 86): the enqueue's notification carries the
+job and the nonce we wrote into the slot's row when we parked it. With a nonce we
+gave that slot and have not seen used, the job starts at once, and ``job_adopt``
+closes the row behind it (its answer only settles the slot). The lease then counts
+from when we sent the park that wrote the nonce: the enqueue read the row after that
+park committed, so its lease started later and ends later. A slot parked too long ago
+for that to leave half the trust window, a nonce that is not one of ours, or a row we
+cannot read: the notification is only an id, and the job is read first, as above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from deadman import logs, metrics
 from deadman.errors import DatabaseUnavailable
+from deadman.model import JobState
 from deadman.store.handoffs import Adopted, Park
+from deadman.worker.handoff_note import Note, job_from_row, parse_note
 from deadman.worker.parts import WorkerLoop, WorkerParts
 from deadman.worker.slots import Slots
 
@@ -52,9 +66,18 @@ class Parking(WorkerLoop):
         self._ttl_ms = int(s.lease_ttl_s * 1000)
         self._ttl_s = s.lease_ttl_s
         self._margin_s = s.lease_margin_s
+        self._trust_s = s.lease_ttl_s - s.lease_margin_s
         self._parked: set[int] = set()
+        #: a parked slot's nonce, and each nonce's slot and when its park was sent
+        self._nonce_of: dict[int, int] = {}
+        self._by_nonce: dict[int, tuple[int, float]] = {}
+        #: slots whose job started from its notification while job_adopt (or an
+        #: unpark) has yet to close the row: their numbers are not parked again before
+        self._closing: set[int] = set()
         self._adopting: set[asyncio.Task[None]] = set()
         self.adopted = 0
+        #: of those, started from their notification (DECISIONS 86)
+        self.noted_starts = 0
         #: set when a handoff takes a parked slot (the producer parks another)
         self.taken = asyncio.Event()
         #: set while the listener hears our channel (process.py): a slot parked while
@@ -85,10 +108,14 @@ class Parking(WorkerLoop):
         if n <= 0:
             return
         first = self._free_run(n)
-        for slot in range(first, first + n):
+        nonces = [secrets.randbits(63) for _ in range(n)]
+        sent = time.monotonic()
+        for slot, nonce in zip(range(first, first + n), nonces, strict=True):
             self._slots.take()
             self._parked.add(slot)
-        park = Park(self._worker_id, self._queues, self.channel, self._ttl_ms, first, n)
+            self._nonce_of[slot] = nonce
+            self._by_nonce[nonce] = (slot, sent)
+        park = Park(self._worker_id, self._queues, self.channel, self._ttl_ms, first, nonces)
         try:
             await self._store.worker_park(park)
         except DatabaseUnavailable as exc:
@@ -100,7 +127,7 @@ class Parking(WorkerLoop):
         closed: worker_park reopens it in place, DECISIONS 85), so the numbers stay
         below twice the target and the rows are the same few."""
         first = 0
-        while any(s in self._parked for s in range(first, first + n)):
+        while any(s in self._parked or s in self._closing for s in range(first, first + n)):
             first += 1
         return first
 
@@ -117,6 +144,10 @@ class Parking(WorkerLoop):
             return
         for u in rows:
             self._release(u.slot)
+        # a row whose job already started from its notification, closed by this unpark
+        # before job_adopt could: the job is not started again
+        started = {u.slot for u in rows if u.slot in self._closing}
+        self._closing -= started
         # A row we parked and did not get back was taken by an adoption under way (its
         # notification came first): it settles that slot. Once none is under way, a
         # slot still parked has no row at all (a park whose commit we never saw, a
@@ -125,7 +156,9 @@ class Parking(WorkerLoop):
             await asyncio.wait(set(self._adopting), timeout=5.0)
         for slot in list(self._parked):
             self._release(slot)
-        handed = [u for u in rows if u.job_id is not None]
+        if not self._adopting:
+            self._closing.clear()  # each row is closed now, or gone
+        handed = [u for u in rows if u.job_id is not None and u.slot not in started]
         if not handed:
             return
         sent = time.monotonic()
@@ -138,11 +171,67 @@ class Parking(WorkerLoop):
         for a in adopted:
             self._start(a, sent)
 
+    def noted(self, payload: str) -> bool:
+        """A notification on our channel: start the job it carries if we can trust it,
+        else read the job it names (``job_adopt``). False: it names no job."""
+        note = parse_note(payload)
+        if note is None:
+            return False
+        if not self._start_noted(note):
+            self.handed(note.job_id)
+        return True
+
     def handed(self, job_id: int) -> None:
-        """A notification on our channel named ``job_id`` (parsed by the listener)."""
-        task = asyncio.create_task(self._adopt(job_id))
+        """Adopt the job ``job_id``, if an enqueue handed it into one of our slots."""
+        self._track(self._adopt(job_id))
+
+    def _track(self, adoption: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(adoption)
         self._adopting.add(task)
         task.add_done_callback(self._adopting.discard)
+
+    def _start_noted(self, note: Note) -> bool:
+        """Start the job a note carries, if it carries a nonce of a slot we parked (used
+        up here, whatever follows) and we may still trust a lease that began after that
+        park for half our trust window."""
+        if note.nonce is None or note.row is None:
+            return False
+        found = self._by_nonce.pop(note.nonce, None)
+        if found is None:
+            return False
+        slot, opened = found
+        if slot not in self._parked or self._nonce_of.get(slot) != note.nonce:
+            return False
+        if opened + self._trust_s - time.monotonic() < self._trust_s / 2:
+            return False  # parked long ago: how much lease is left is read instead
+        try:
+            job = job_from_row(note.row)
+        except Exception as exc:  # read from the table instead, which says why
+            log.warning("handoff_note_unreadable", job_id=note.job_id, error=repr(exc)[:200])
+            return False
+        lease = job.lease
+        if (job.id != note.job_id or job.state is not JobState.RUNNING or lease is None
+                or lease.worker != self._worker_id):  # fmt: skip
+            log.warning("handoff_note_mismatch", job_id=note.job_id, slot=slot)
+            return False
+        self._release(slot)
+        self._closing.add(slot)
+        self.adopted += 1
+        self.noted_starts += 1
+        metrics.JOBS_HANDED.labels(job.queue).inc()
+        self._executor.start(job, opened)
+        self._track(self._close(slot, job.id))
+        return True
+
+    async def _close(self, slot: int, job_id: int) -> None:
+        """Close the row of a slot whose job started from its notification."""
+        try:
+            await self._store.job_adopt(self._worker_id, job_id)
+        except DatabaseUnavailable as exc:
+            # The row stays open: the next unpark closes it (and does not start it).
+            log.warning("handoff_close_failed", error=str(exc), job_id=job_id)
+            return
+        self._closing.discard(slot)
 
     async def _adopt(self, job_id: int) -> None:
         sent = time.monotonic()
@@ -161,6 +250,7 @@ class Parking(WorkerLoop):
         """The slot is no longer parked: give it back (once)."""
         if slot in self._parked:
             self._parked.discard(slot)
+            self._by_nonce.pop(self._nonce_of.pop(slot, -1), None)
             self._slots.give()
             self.taken.set()
 

@@ -214,7 +214,7 @@ class Worker:
             self.queues,
             producer.wake,
             on_cancel=executor.cancel_requested,
-            handoff=(parking.channel, parking.handed) if parking.target else None,
+            handoff=(parking.channel, parking.noted) if parking.target else None,
             on_connect=parking.heard,
         )
         parking.listening = listener.connected
@@ -287,5 +287,6 @@ class Worker:
             crashed=len(crashed),
             claims=producer.claims,
             handed=producer.parking.adopted,
+            handed_from_note=producer.parking.noted_starts,
         )
         return 1 if crashed else 0

@@ -1,15 +1,18 @@
-"""Handoffs at enqueue (DECISIONS 83) with real worker processes: a worker that dies
-parked does not lose the job handed to it, and a worker's own handoff channel, which
-anyone who can connect may NOTIFY, runs nothing it was not handed."""
+"""Handoffs at enqueue (DECISIONS 83, 86) with real worker processes: a worker that dies
+parked does not lose the job handed to it, a handed job starts from its notification,
+and a worker's own handoff channel, which anyone who can connect may NOTIFY (or
+LISTEN on), runs nothing it was not handed."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import psycopg
 import pytest
 
 from deadman.client import Client
+from deadman.worker.handoff_note import parse_note
 from deadman.worker.parking import handoff_channel
 from tests.acceptance.test_notify_hostile import HOSTILE
 from tests.factories import connect, insert_job
@@ -17,6 +20,7 @@ from tests.helpers import wait_for
 from tests.helpers.processes import (
     LATE_S,
     RESCUE_S,
+    STEADY_TTL_S,
     TTL_S,
     SpawnWorker,
     attempts_of,
@@ -105,3 +109,56 @@ def test_forged_notifications_on_a_workers_channel_run_nothing(
     assert ignored and {e["channel"] for e in ignored} == {channel}
     assert all(len(e["payload"]) <= 100 for e in ignored)
     assert not worker.events("listener_crashed")
+
+
+def test_a_handed_job_starts_from_its_note_and_a_replayed_or_forged_note_runs_nothing(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """DECISIONS 86. A spy LISTENing on the worker's channel sees a genuine note (the
+    job, the slot's nonce); sending it again, or sending a note with a spent or guessed
+    nonce that claims another worker's running job is ours, runs nothing: each is only
+    an id, and job_adopt finds no row of ours holding it. (A TTL long enough that a
+    slot parked at start is still fresh when the test enqueues.)"""
+    ttl = {"DEADMAN_LEASE_TTL_S": str(STEADY_TTL_S)}
+    worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30, **ttl)
+    worker_id = wait_registered(db_dsn, worker.pid)
+    channel = handoff_channel(worker_id)
+    with psycopg.connect(db_dsn, autocommit=True) as spy:
+        spy.execute(f'LISTEN "{channel}"')
+        wait_for(lambda: parked_slots(db_dsn, worker_id) == 2, 10, message="the worker to park")
+        with Client(db_dsn) as client:
+            job = client.enqueue("noop")
+        assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
+        wait_state(db_dsn, job.id, "succeeded", timeout=LATE_S)
+        (genuine,) = [n.payload for n in spy.notifies(timeout=2.0, stop_after=1)]
+    note = parse_note(genuine)
+    assert note is not None and note.nonce is not None and note.row is not None
+    with connect(db_dsn) as conn:
+        elsewhere = insert_job(conn, state="running", type="noop", lease_worker="someone-else")
+        claimed = conn.execute("SELECT * FROM deadman.jobs WHERE id = %s", (elsewhere.id,))
+        row = claimed.fetchone()
+    assert row is not None
+    forged_row = json.dumps(
+        {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+        | {"lease_worker": worker_id}
+    )
+    forged = [
+        genuine,  # replayed
+        f"{elsewhere.id} {note.nonce} {forged_row}",  # a spent nonce
+        f"{elsewhere.id} {note.nonce ^ 1} {forged_row}",  # a guessed one
+    ]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SET ROLE deadman_reader")
+        for payload in forged:
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+    with Client(db_dsn) as client:
+        after = client.enqueue("noop")
+    wait_state(db_dsn, after.id, "succeeded", timeout=LATE_S)
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(LATE_S) == 0
+    (stopped,) = worker.events("worker_stopped")
+    assert stopped["handed_from_note"] >= 1, stopped
+    assert [a["outcome"] for a in attempts_of(db_dsn, job.id)] == ["succeeded"]
+    assert job_row(db_dsn, elsewhere.id)["lease_worker"] == "someone-else"
+    for event in ("job_outcome_refused", "job_abandoned_lease_lost", "job_reclaimed_while_held"):
+        assert not worker.events(event), event

@@ -20,8 +20,10 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
+from deadman.model import Job
 from deadman.store import NewJob, plans
 from deadman.store.plan import Query
+from deadman.worker.handoff_note import job_from_row, parse_note
 from deadman.worker.parking import handoff_channel
 from tests.factories import connect, insert_job
 from tests.helpers import wait_for
@@ -31,6 +33,8 @@ Conn = psycopg.Connection[DictRow]
 WORKER = "parker"
 QUEUE = "handoff"
 TTL_MS = 30_000
+#: slot n of park() gets nonce NONCE + n
+NONCE = 7_000_000_000
 
 
 def park(conn: Conn, slots: int = 1, *, worker: str = WORKER, queues: tuple[str, ...] = (QUEUE,),
@@ -43,7 +47,7 @@ def park(conn: Conn, slots: int = 1, *, worker: str = WORKER, queues: tuple[str,
             "channel": handoff_channel(worker),
             "ttl_ms": ttl_ms,
             "first": first,
-            "slots": slots,
+            "nonces": [NONCE + first + k for k in range(slots)],
         },
     )
 
@@ -64,6 +68,19 @@ def parked(conn: Conn, *, closed_too: bool = False) -> list[DictRow]:
     return conn.execute(f"SELECT * FROM deadman.parked{where} ORDER BY worker, slot").fetchall()
 
 
+def read_job(conn: Conn, job_id: int) -> Job:
+    row = conn.execute("SELECT * FROM deadman.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return Job.from_row(row)
+
+
+def heard(listener: Conn, n: int = 1) -> list[str]:
+    """The payloads of the next ``n`` notifications on the parker's channel."""
+    notes = list(listener.notifies(timeout=2.0, stop_after=n))
+    assert [x.channel for x in notes] == [handoff_channel(WORKER)] * n
+    return [x.payload for x in notes]
+
+
 def test_an_enqueue_on_its_own_hands_its_job_to_a_parked_slot(db_dsn: str) -> None:
     with connect(db_dsn) as conn, connect(db_dsn) as listener:
         listener.execute(f'LISTEN "{handoff_channel(WORKER)}"')
@@ -78,9 +95,12 @@ def test_an_enqueue_on_its_own_hands_its_job_to_a_parked_slot(db_dsn: str) -> No
         assert left == TTL_MS / 1000
         (slot,) = parked(conn)
         assert (slot["job_id"], slot["lease_token"]) == (job["id"], job["lease_token"])
-        # the parker alone is told, with the job's id
+        # the parker alone is told: the job's id, the slot's nonce, the job (DECISIONS 86)
         notes = [(n.channel, n.payload) for n in listener.notifies(timeout=2.0, stop_after=1)]
-        assert notes == [(handoff_channel(WORKER), str(job["id"]))]
+        assert [channel for channel, _ in notes] == [handoff_channel(WORKER)]
+        note = parse_note(notes[0][1])
+        assert note is not None and (note.job_id, note.nonce) == (job["id"], NONCE)
+        assert note.row is not None and job_from_row(note.row) == read_job(conn, job["id"])
         # a second enqueue finds no free slot: queued, as without handoffs
         second = enqueue(conn)
         assert second is not None and second["state"] == "queued"
@@ -423,3 +443,82 @@ def test_a_busy_parked_worker_leaves_no_dead_rows_behind(db_dsn: str) -> None:
             message="the loop's statistics",
         )
     assert (row["n_tup_ins"], row["n_tup_del"]) == (1, 0), row
+
+
+# ---------------------------------------------- the job in the notification (DECISIONS 86)
+
+
+TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "Asia/Kathmandu", "America/St_Johns"])
+def test_the_job_a_notification_carries_is_the_job_the_table_holds(
+    db_dsn: str, timezone: str
+) -> None:
+    """Every column a worker reads, as the claim's read gives it: jsonb through the
+    same decoder (a 20-digit integer, a float, unicode, nesting), timestamps in the
+    enqueuer's session time zone (offsets of 5:45 and -3:30), keys, deadlines, trace
+    context."""
+    payload = {"big": 2**70, "f": 0.1, "s": 'zażółć \u2603 \\ "', "nested": [{"a": [1, None]}]}
+    with connect(db_dsn) as conn, connect(db_dsn) as listener:
+        listener.execute(f'LISTEN "{handoff_channel(WORKER)}"')
+        conn.execute(f"SET TIME ZONE '{timezone}'")
+        park(conn)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        job = enqueue(
+            conn, payload=psycopg.types.json.Jsonb(payload), priority=-7,
+            idempotency_key="k-1", request_hash="h", start_by=later, deadline=later,
+            heartbeat_timeout_ms=4_000, timeout_ms=9_000,
+            trace_context=psycopg.types.json.Jsonb({"traceparent": TRACEPARENT}),
+        )  # fmt: skip
+        assert job is not None and job["state"] == "running"
+        note = parse_note(heard(listener)[0])
+        assert note is not None and note.row is not None
+        carried, held = job_from_row(note.row), read_job(conn, job["id"])
+        assert carried == held
+        assert carried.payload == payload and carried.deadline == later
+
+
+def test_a_job_too_big_for_a_notification_is_named_by_its_id_alone(db_dsn: str) -> None:
+    """NOTIFY refuses a payload of 8,000 bytes or more: the enqueue must not fail, and
+    the worker reads the job (job_adopt)."""
+    with connect(db_dsn) as conn, connect(db_dsn) as listener:
+        listener.execute(f'LISTEN "{handoff_channel(WORKER)}"')
+        park(conn, 2)
+        for size in (7_000, 8_000):
+            job = enqueue(conn, payload=psycopg.types.json.Jsonb({"x": "y" * size}))
+            assert job is not None and job["state"] == "running"
+            (payload,) = heard(listener)
+            if size == 8_000:
+                assert payload == str(job["id"])
+            else:
+                assert len(payload.encode()) < 8_000 and parse_note(payload) is not None
+                assert parse_note(payload).row is not None  # type: ignore[union-attr]
+
+
+def test_a_slot_parked_without_a_nonce_is_told_the_id_alone(db_dsn: str) -> None:
+    """A row parked by a worker older than migration 0024 has no nonce."""
+    with connect(db_dsn) as conn, connect(db_dsn) as listener:
+        listener.execute(f'LISTEN "{handoff_channel(WORKER)}"')
+        park(conn)
+        conn.execute("UPDATE deadman.parked SET nonce = NULL")
+        job = enqueue(conn)
+        assert job is not None and job["state"] == "running"
+        assert heard(listener) == [str(job["id"])]
+
+
+def test_each_park_writes_the_nonces_it_is_given_and_a_reopen_replaces_them(
+    db_dsn: str,
+) -> None:
+    with connect(db_dsn) as conn:
+        park(conn, 3, first=2)
+        assert [(r["slot"], r["nonce"]) for r in parked(conn)] == [
+            (2, NONCE + 2), (3, NONCE + 3), (4, NONCE + 4)
+        ]  # fmt: skip
+        conn.execute(QUERIES["job_unpark"], {"worker": WORKER})
+        conn.execute(
+            QUERIES["worker_park"],
+            {"worker": WORKER, "queues": [QUEUE], "channel": handoff_channel(WORKER),
+             "ttl_ms": TTL_MS, "first": 3, "nonces": [11]},
+        )  # fmt: skip
+        assert [(r["slot"], r["nonce"]) for r in parked(conn)] == [(3, 11)]

@@ -96,7 +96,7 @@ def test_jobs_born_waiting_cancelled_or_handed_off_wake_no_one(
         conn.execute(
             QUERIES["worker_park"],
             {"worker": "p", "queues": ["h"], "channel": handoff_channel("p"), "ttl_ms": 30_000,
-             "first": 0, "slots": 1},
+             "first": 0, "nonces": [1]},
         )  # fmt: skip
         assert client.enqueue("t", queue="h").state.value == "running"
         assert heard() == []

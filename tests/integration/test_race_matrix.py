@@ -333,7 +333,7 @@ def _park(conn: Conn, slot: int = 0) -> None:
             "channel": handoff_channel(PARKER),
             "ttl_ms": TTL_MS,
             "first": slot,
-            "slots": 1,
+            "nonces": [slot + 1],
         },
     )
 

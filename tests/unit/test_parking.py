@@ -10,6 +10,7 @@ the interleaving is the test's to choose."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from deadman.errors import DatabaseUnavailable
 from deadman.model import Job, JobState
 from deadman.store.handoffs import Adopted, Park, Unparked
 from deadman.worker.inflight import Inflight
+from deadman.worker import parking as parking_module
 from deadman.worker.parking import Parking, handoff_channel
 from deadman.worker.parts import WorkerParts
 from deadman.worker.slots import Slots
@@ -51,6 +53,7 @@ class Store:
 
     def __init__(self) -> None:
         self.rows: dict[int, int | None] = {}  # slot -> job handed into it
+        self.nonces: dict[int, int] = {}  # slot -> the nonce its last park wrote
         self.fail_park = False
         #: adopt waits on this before it answers (an adoption under way)
         self.adopt_gate: asyncio.Event | None = None
@@ -58,8 +61,9 @@ class Store:
     async def worker_park(self, p: Park) -> None:
         if self.fail_park:
             raise DatabaseUnavailable("park lost")
-        for slot in range(p.first, p.first + p.slots):
+        for slot, nonce in enumerate(p.nonces, start=p.first):
             self.rows[slot] = None
+            self.nonces[slot] = nonce
 
     async def job_unpark(self, worker: str) -> list[Unparked]:
         out = [Unparked(s, j, None if j is None else 7) for s, j in self.rows.items()]
@@ -231,3 +235,128 @@ def test_the_channel_is_a_short_identifier_of_its_own_per_worker() -> None:
     long_id = "host-" + "x" * 300
     a, b = handoff_channel(long_id), handoff_channel(long_id + "y")
     assert a != b and len(a.encode()) <= 63 and a.isidentifier()
+
+
+# ------------------------------------------------------------ started from the note
+# DECISIONS 86: the enqueue's notification carries the job and the slot's nonce.
+
+
+def handoff(store: Store, slot: int, job_id: int, *, worker: str = "w", **row: Any) -> str:
+    """An enqueue hands ``job_id`` into ``slot`` (the fake row) and returns the payload
+    job_insert_handoff sends: id, the slot's nonce, the row as row_to_json writes it."""
+    store.rows[slot] = job_id
+    now = datetime.now(UTC).isoformat()
+    values = {
+        "id": job_id, "type": "t", "queue": "default", "priority": 0, "state": "running",
+        "attempt": 1, "max_attempts": 5, "run_at": now, "created_at": now,
+        "payload": {"n": job_id}, "backoff": {}, "lease_token": 70 + job_id,
+        "lease_worker": worker, "lease_expires_at": now, "started_at": now, "woke": None,
+    } | row  # fmt: skip
+    return f"{job_id} {store.nonces[slot]} {json.dumps(values)}"
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_a_noted_job_starts_before_its_row_is_closed_and_only_once() -> None:
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.adopt_gate = asyncio.Event()  # job_adopt (the close) has not answered
+        note = handoff(store, 1, 42)
+        assert p.noted(note)
+        assert executor.started == [42], "started from the note, not after job_adopt"
+        assert (p.parked, slots.used) == (3, 4)
+        store.adopt_gate.set()
+        await turns()
+        assert 1 not in store.rows, "job_adopt closed the row behind it"
+        assert p.noted(note)  # replayed: its nonce is spent; job_adopt finds no row
+        await turns()
+        assert executor.started == [42] and slots.used == 4
+        slots.give()  # job 42 ends: slot 1 is parked again, with a new nonce
+        await p.park()
+        assert store.nonces[1] != int(note.split()[1]) and store.rows[1] is None
+        assert (p.parked, slots.used) == (4, 4)
+
+    run(main())
+
+
+def test_an_unpark_that_closes_a_noted_row_first_does_not_start_its_job_again() -> None:
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        store.adopt_gate = asyncio.Event()
+        note = handoff(store, 2, 9)
+        del store.rows[2]  # (below: the unpark, not the close, takes the row)
+        store.rows[2] = 9
+
+        async def close_later(worker: str, job_id: int) -> tuple[int | None, Adopted | None]:
+            assert store.adopt_gate is not None
+            await store.adopt_gate.wait()
+            return None, None  # the unpark closed the row first
+
+        store.job_adopt = close_later  # type: ignore[method-assign]
+        assert p.noted(note)
+        unpark = asyncio.create_task(p.unpark())
+        await turns()
+        store.adopt_gate.set()
+        await unpark
+        assert executor.started == [9], "the unpark found the row and started it again"
+        assert (p.parked, slots.used) == (0, 1)
+        await p.park()
+        assert p.parked == 3  # slot 2's number is free again, and every slot counted
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "case", ["wrong nonce", "other worker", "not running",
+             "other id", "unreadable", "id alone", "parked long ago"],
+)  # fmt: skip
+def test_a_note_that_cannot_be_trusted_is_only_an_id(case: str, monkeypatch: Any) -> None:
+    """Each is read from the table (job_adopt): the fake answers as Postgres would, with
+    the job only if an enqueue handed it into one of our rows."""
+
+    async def main() -> None:
+        p, store, slots, executor = parking()
+        await p.park()
+        note = handoff(store, 0, 5)
+        job_id, nonce, row = note.split(" ", 2)
+        if case == "wrong nonce":
+            note = f"{job_id} {int(nonce) ^ 1} {row}"
+        elif case == "other worker":
+            note = handoff(store, 0, 5, worker="someone-else")
+        elif case == "not running":
+            note = handoff(store, 0, 5, state="queued")
+        elif case == "other id":
+            note = f"{job_id} {nonce} {json.dumps(json.loads(row) | {'id': 6})}"
+        elif case == "unreadable":
+            note = f"{job_id} {nonce} {json.dumps({'id': 5})}"
+        elif case == "id alone":
+            note = job_id
+        elif case == "parked long ago":
+            later = parking_module.time.monotonic() + 5.0  # trust window 8 s: 3 s left
+            monkeypatch.setattr(parking_module.time, "monotonic", lambda: later)
+        store.adopt_gate = asyncio.Event()
+        assert p.noted(note)
+        assert executor.started == [], "started without reading the job"
+        store.adopt_gate.set()
+        await turns()
+        assert executor.started == [5]  # as the table says: handed into slot 0
+        assert (p.parked, slots.used) == (3, 4)
+
+    run(main())
+
+
+@pytest.mark.parametrize("payload", ["", "x", "-5", "05", " 5", "5x 1 {}", "9" * 30])
+def test_a_payload_that_names_no_job_is_refused(payload: str) -> None:
+    async def main() -> None:
+        p, store, _, executor = parking()
+        await p.park()
+        assert not p.noted(payload)
+        await turns()
+        assert executor.started == [] and all(j is None for j in store.rows.values())
+
+    run(main())

@@ -1,0 +1,14 @@
+-- A handoff's notification carries the job it hands off (DECISIONS 86), so the worker
+-- starts the handler when the notification arrives instead of after a round trip
+-- (job_adopt) to read the job it names.
+--
+-- NOTIFY needs no privilege: anyone who can connect may send anything on a worker's
+-- channel, and anyone may LISTEN on it. So the worker trusts a job carried in a
+-- notification only when the notification also carries the nonce the worker wrote
+-- into that slot's row when it (re)opened it: a random 63-bit number, a new one for
+-- every park, read only by roles that may read deadman.parked, and used once. Any
+-- other notification (no nonce, a wrong or spent one, a job it cannot read) is an id
+-- and goes the old way: job_adopt reads the job from the table, or finds nothing.
+-- NULL: a row parked by a worker older than this migration (its notifications carry
+-- the id alone, as before).
+ALTER TABLE deadman.parked ADD COLUMN nonce bigint;
