@@ -24,7 +24,9 @@ closes the row behind it (its answer only settles the slot). The lease then coun
 from when we sent the park that wrote the nonce: the enqueue read the row after that
 park committed, so its lease started later and ends later. A slot parked too long ago
 for that to leave half the trust window, a nonce that is not one of ours, or a row we
-cannot read: the notification is only an id, and the job is read first, as above.
+cannot read: the notification is only an id, and the job is read first, as above. So
+that an idle worker's slots stay fresh, the producer parks them again (an unpark, then
+a park: new nonces) once they are that old (``stale``).
 """
 
 from __future__ import annotations
@@ -95,6 +97,18 @@ class Parking(WorkerLoop):
         """The listener (re)connected and hears our channel."""
         if self._parked:
             self.resync = True
+
+    def fresh_for(self) -> float:
+        """Seconds until the oldest parked slot is too old for a job handed into it to
+        start from its notification (0: it is already; inf: none parked)."""
+        if not self._nonce_of:
+            return float("inf")
+        oldest = min(self._by_nonce.get(n, (0, 0.0))[1] for n in self._nonce_of.values())
+        return max(0.0, oldest + self._trust_s / 2 - time.monotonic())
+
+    def stale(self) -> bool:
+        """Some parked slot is too old for its job to start from its notification."""
+        return self.fresh_for() <= 0
 
     def short(self) -> bool:
         """Fewer slots parked than wanted, and our channel is heard."""
@@ -202,8 +216,8 @@ class Parking(WorkerLoop):
         slot, opened = found
         if slot not in self._parked or self._nonce_of.get(slot) != note.nonce:
             return False
-        if opened + self._trust_s - time.monotonic() < self._trust_s / 2:
-            return False  # parked long ago: how much lease is left is read instead
+        if opened + self._trust_s / 2 < time.monotonic():
+            return False  # parked long ago (stale): how much lease is left is read instead
         try:
             job = job_from_row(note.row)
         except Exception as exc:  # read from the table instead, which says why

@@ -345,12 +345,16 @@ class Producer(WorkerLoop):
             if not self._parking_on():
                 await self._sleep(deadline - time.monotonic())
                 return
-            if self.parking.short():
-                try:
+            try:
+                if self.parking.stale():
+                    # parked too long ago for a handed job to start from its
+                    # notification (DECISIONS 86): taken back, parked again below
+                    await self.parking.unpark()
+                if self.parking.short():
                     await self.parking.park()
-                except Exception as exc:  # a bug: the next claim round unparks
-                    log.error("park_error", error=repr(exc)[:500])
-            remaining = deadline - time.monotonic()
+            except Exception as exc:  # a bug: the next claim round unparks
+                log.error("park_error", error=repr(exc)[:500])
+            remaining = min(deadline - time.monotonic(), self.parking.fresh_for())
             if remaining <= 0:
                 return
             # Also wake when parking can go on: short of the target, when a slot comes

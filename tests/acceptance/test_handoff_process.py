@@ -25,6 +25,7 @@ from tests.helpers.processes import (
     SpawnWorker,
     attempts_of,
     job_row,
+    sql_all,
     sql_value,
     wait_registered,
     wait_state,
@@ -162,3 +163,37 @@ def test_a_handed_job_starts_from_its_note_and_a_replayed_or_forged_note_runs_no
     assert job_row(db_dsn, elsewhere.id)["lease_worker"] == "someone-else"
     for event in ("job_outcome_refused", "job_abandoned_lease_lost", "job_reclaimed_while_held"):
         assert not worker.events(event), event
+
+
+def nonces(dsn: str, worker: str) -> set[int]:
+    rows = sql_all(dsn, "SELECT nonce FROM deadman.parked WHERE worker = %s AND open", (worker,))
+    return {int(r["nonce"]) for r in rows}
+
+
+def test_an_idle_workers_slots_are_parked_again_before_they_go_stale(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """A job handed into a slot parked longer ago than half the trust window (here
+    2 s TTL: 0.75 s) would be read first (job_adopt); an idle worker parks its slots
+    again (new nonces) before that, so a job handed to it after a long idle still
+    starts from its notification."""
+    worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30)
+    worker_id = wait_registered(db_dsn, worker.pid)
+    wait_for(lambda: parked_slots(db_dsn, worker_id) == 2, 10, message="the worker to park")
+    seen = [nonces(db_dsn, worker_id)]
+
+    def parked_again() -> bool:
+        now = nonces(db_dsn, worker_id)
+        if len(now) == 2 and now != seen[-1]:
+            seen.append(now)
+        return len(seen) >= 4  # three times over, each well inside the 30-s poll
+
+    wait_for(parked_again, 10 * TTL_S, interval=0.05, message="the slots to be parked again")
+    with Client(db_dsn) as client:
+        job = client.enqueue("noop")
+    assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
+    wait_state(db_dsn, job.id, "succeeded", timeout=LATE_S)
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(LATE_S) == 0
+    (stopped,) = worker.events("worker_stopped")
+    assert (stopped["handed"], stopped["handed_from_note"]) == (1, 1), stopped

@@ -22,8 +22,8 @@ from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
 from deadman.model import Job, JobState
 from deadman.store.handoffs import Adopted, Park, Unparked
-from deadman.worker.inflight import Inflight
 from deadman.worker import parking as parking_module
+from deadman.worker.inflight import Inflight
 from deadman.worker.parking import Parking, handoff_channel
 from deadman.worker.parts import WorkerParts
 from deadman.worker.slots import Slots
@@ -358,5 +358,25 @@ def test_a_payload_that_names_no_job_is_refused(payload: str) -> None:
         assert not p.noted(payload)
         await turns()
         assert executor.started == [] and all(j is None for j in store.rows.values())
+
+    run(main())
+
+
+def test_parked_slots_go_stale_after_half_the_trust_window(monkeypatch: Any) -> None:
+    """Trust window: TTL 10 s less the 2 s margin; a slot parked 4 s ago or more is
+    stale (the producer parks it again), and a note into it is only an id."""
+
+    async def main() -> None:
+        p, store, _, executor = parking()
+        assert p.fresh_for() == float("inf") and not p.stale()  # nothing parked
+        await p.park()
+        assert 3.9 < p.fresh_for() <= 4.0 and not p.stale()
+        now = parking_module.time.monotonic()
+        monkeypatch.setattr(parking_module.time, "monotonic", lambda: now + 4.01)
+        assert p.fresh_for() == 0 and p.stale()
+        await p.unpark()
+        await p.park()  # parked again: fresh, and a note into it starts its job
+        assert not p.stale()
+        assert p.noted(handoff(store, 0, 3)) and executor.started == [3]
 
     run(main())
