@@ -120,8 +120,9 @@ def test_a_handed_job_starts_from_its_note_and_a_replayed_or_forged_note_runs_no
     nonce that claims another worker's running job is ours, runs nothing: each is only
     an id, and job_adopt finds no row of ours holding it. (A TTL long enough that a
     slot parked at start is still fresh when the test enqueues.)"""
-    ttl = {"DEADMAN_LEASE_TTL_S": str(STEADY_TTL_S)}
-    worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30, **ttl)
+    worker = spawn_worker(
+        db_dsn, concurrency=2, DEADMAN_POLL_S=30, DEADMAN_LEASE_TTL_S=STEADY_TTL_S
+    )
     worker_id = wait_registered(db_dsn, worker.pid)
     channel = handoff_channel(worker_id)
     with psycopg.connect(db_dsn, autocommit=True) as spy:

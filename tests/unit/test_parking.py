@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -22,7 +23,6 @@ from deadman.config import Settings
 from deadman.errors import DatabaseUnavailable
 from deadman.model import Job, JobState
 from deadman.store.handoffs import Adopted, Park, Unparked
-from deadman.worker import parking as parking_module
 from deadman.worker.inflight import Inflight
 from deadman.worker.parking import Parking, handoff_channel
 from deadman.worker.parts import WorkerParts
@@ -337,8 +337,8 @@ def test_a_note_that_cannot_be_trusted_is_only_an_id(case: str, monkeypatch: Any
         elif case == "id alone":
             note = job_id
         elif case == "parked long ago":
-            later = parking_module.time.monotonic() + 5.0  # trust window 8 s: 3 s left
-            monkeypatch.setattr(parking_module.time, "monotonic", lambda: later)
+            later = time.monotonic() + 5.0  # parked 5 s ago: past half the 8-s trust window
+            monkeypatch.setattr(time, "monotonic", lambda: later)
         store.adopt_gate = asyncio.Event()
         assert p.noted(note)
         assert executor.started == [], "started without reading the job"
@@ -371,8 +371,8 @@ def test_parked_slots_go_stale_after_half_the_trust_window(monkeypatch: Any) -> 
         assert p.fresh_for() == float("inf") and not p.stale()  # nothing parked
         await p.park()
         assert 3.9 < p.fresh_for() <= 4.0 and not p.stale()
-        now = parking_module.time.monotonic()
-        monkeypatch.setattr(parking_module.time, "monotonic", lambda: now + 4.01)
+        now = time.monotonic()
+        monkeypatch.setattr(time, "monotonic", lambda: now + 4.01)
         assert p.fresh_for() == 0 and p.stale()
         await p.unpark()
         await p.park()  # parked again: fresh, and a note into it starts its job
