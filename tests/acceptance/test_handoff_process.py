@@ -148,6 +148,12 @@ def test_a_handed_job_starts_from_its_note_and_a_replayed_or_forged_note_runs_no
         genuine,  # replayed
         f"{elsewhere.id} {note.nonce} {forged_row}",  # a spent nonce
         f"{elsewhere.id} {note.nonce ^ 1} {forged_row}",  # a guessed one
+        # malformed after a real id: each is that id, read from the table
+        f"{elsewhere.id} {note.nonce} {{not json",
+        f"{elsewhere.id} {note.nonce} []",
+        f"{elsewhere.id} -1 {forged_row}",
+        f"{elsewhere.id} {'9' * 40} {forged_row}",
+        f"{elsewhere.id} {note.nonce} {forged_row[:-1]}" + " " * (7_900 - len(forged_row)),
     ]
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET ROLE deadman_reader")
