@@ -12,16 +12,13 @@ the table (``job_adopt``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from deadman.bounds import ID_PATTERN
 from deadman.db import jsoncodec
 from deadman.model import Job, reader_for
+from deadman.worker.listener import parse_job_id
 
-#: a job id or a nonce: ASCII digits, no sign, no padding, at most a bigint
-_NUMBER = re.compile(ID_PATTERN)
 #: deadman.jobs' timestamptz columns a Job reads (JSON has them as ISO 8601 text)
 _TIMES = ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at",
           "start_by", "deadline")  # fmt: skip
@@ -39,13 +36,14 @@ class Note:
 def parse_note(payload: str) -> Note | None:
     """The note in a payload on a worker's handoff channel; None if it names no job."""
     head, _, rest = payload.partition(" ")
-    if _NUMBER.fullmatch(head) is None:
+    job_id = parse_job_id(head)
+    if job_id is None:
         return None
-    job_id = int(head)
-    nonce, _, row = rest.partition(" ")
-    if _NUMBER.fullmatch(nonce) is None or not row.startswith("{"):
+    text, _, row = rest.partition(" ")
+    nonce = parse_job_id(text)  # a nonce is written as a job id is: a bigint's digits
+    if nonce is None or not row.startswith("{"):
         return Note(job_id)
-    return Note(job_id, int(nonce), row)
+    return Note(job_id, nonce, row)
 
 
 def job_from_row(row: str) -> Job:

@@ -111,10 +111,6 @@ class Listener:
         self._on_connect = on_connect
         self._handoff_channel = handoff[0] if handoff else ""
         self._on_note = handoff[1] if handoff else None
-        #: the channels whose payload is a job id, and what to call with it
-        self._on_id: dict[str, Callable[[int], None]] = {}
-        if on_cancel is not None:
-            self._on_id[CANCEL_CHANNEL] = on_cancel
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
         self.received = 0
@@ -183,8 +179,7 @@ class Listener:
             if not self._on_note(payload):
                 self._ignore(channel, payload)
             return
-        on_id = self._on_id.get(channel)
-        if on_id is not None:
+        if self._on_cancel is not None and channel == CANCEL_CHANNEL:
             # A cancel: every worker hears it; the one holding the job acts, the rest
             # ignore it (a missed one is caught by the heartbeat, which reads
             # cancel_requested). The id is parsed strictly.
@@ -192,7 +187,7 @@ class Listener:
             if job_id is None:
                 self._ignore(channel, payload)
             else:
-                on_id(job_id)
+                self._on_cancel(job_id)
         elif payload in self._queues:
             self._on_wake()
         # else: another fleet's queue, or noise; waking for it would only cost a claim

@@ -69,9 +69,9 @@ class Parking(WorkerLoop):
         self._ttl_s = s.lease_ttl_s
         self._margin_s = s.lease_margin_s
         self._trust_s = s.lease_ttl_s - s.lease_margin_s
-        self._parked: set[int] = set()
-        #: a parked slot's nonce, and each nonce's slot and when its park was sent
-        self._nonce_of: dict[int, int] = {}
+        #: each parked slot and the nonce its park wrote; each nonce not yet used (its
+        #: slot, and when that park was sent)
+        self._parked: dict[int, int] = {}
         self._by_nonce: dict[int, tuple[int, float]] = {}
         #: slots whose job started from its notification while job_adopt (or an
         #: unpark) has yet to close the row: their numbers are not parked again before
@@ -101,9 +101,9 @@ class Parking(WorkerLoop):
     def fresh_for(self) -> float:
         """Seconds until the oldest parked slot is too old for a job handed into it to
         start from its notification (0: it is already; inf: none parked)."""
-        if not self._nonce_of:
+        if not self._parked:
             return float("inf")
-        oldest = min(self._by_nonce.get(n, (0, 0.0))[1] for n in self._nonce_of.values())
+        oldest = min(self._by_nonce.get(n, (0, 0.0))[1] for n in self._parked.values())
         return max(0.0, oldest + self._trust_s / 2 - time.monotonic())
 
     def stale(self) -> bool:
@@ -126,8 +126,7 @@ class Parking(WorkerLoop):
         sent = time.monotonic()
         for slot, nonce in zip(range(first, first + n), nonces, strict=True):
             self._slots.take()
-            self._parked.add(slot)
-            self._nonce_of[slot] = nonce
+            self._parked[slot] = nonce
             self._by_nonce[nonce] = (slot, sent)
         park = Park(self._worker_id, self._queues, self.channel, self._ttl_ms, first, nonces)
         try:
@@ -211,11 +210,9 @@ class Parking(WorkerLoop):
         if note.nonce is None or note.row is None:
             return False
         found = self._by_nonce.pop(note.nonce, None)
-        if found is None:
+        if found is None:  # not ours, or used: a slot's nonces go when it does
             return False
         slot, opened = found
-        if slot not in self._parked or self._nonce_of.get(slot) != note.nonce:
-            return False
         if opened + self._trust_s / 2 < time.monotonic():
             return False  # parked long ago (stale): how much lease is left is read instead
         try:
@@ -263,8 +260,7 @@ class Parking(WorkerLoop):
     def _release(self, slot: int) -> None:
         """The slot is no longer parked: give it back (once)."""
         if slot in self._parked:
-            self._parked.discard(slot)
-            self._by_nonce.pop(self._nonce_of.pop(slot, -1), None)
+            self._by_nonce.pop(self._parked.pop(slot), None)
             self._slots.give()
             self.taken.set()
 
