@@ -669,6 +669,15 @@ LEFT JOIN deadman.jobs j
   ON j.id = m.job_id AND j.lease_token = m.lease_token
  AND j.state = 'running' AND j.lease_worker = %(worker)s AND j.lease_expires_at > now();
 
+-- name: job_handoff_close
+-- A job the worker started from its handoff's notification (DECISIONS 86): close the
+-- slot's row it was handed into, as job_adopt closes it, without reading the job back
+-- (the notification carried it). A row an unpark holds is waited for and then found
+-- closed: no row. Its slot, if this closed it.
+UPDATE deadman.parked SET open = false, job_id = NULL, lease_token = NULL
+WHERE worker = %(worker)s AND job_id = %(job_id)s AND open
+RETURNING slot;
+
 -- name: job_adopt_read
 -- The jobs job_unpark found handed into this worker's slots, still running under the
 -- leases those enqueues gave it; lease_left_ms as in job_adopt.

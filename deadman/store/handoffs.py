@@ -84,6 +84,12 @@ class HandoffStore(LeaseStore):
         adopted = await self._adopted(names, rows)
         return slot, (adopted[0] if adopted else None)
 
+    async def job_handoff_close(self, worker: str, job_id: int) -> int | None:
+        """Close the slot's row ``job_id`` was handed into (its job started from the
+        notification); the slot, or None if the row was already closed."""
+        rows = await self._all("job_handoff_close", {"worker": worker, "job_id": job_id}, retry_s=0)
+        return int(rows[0]["slot"]) if rows else None
+
     async def job_adopt_read(self, worker: str, handed: Sequence[Unparked]) -> list[Adopted]:
         """The jobs job_unpark found in our slots, still running under their leases."""
         ids = [u.job_id for u in handed if u.job_id is not None]

@@ -19,8 +19,8 @@ started (the lease lapses, and the rescuer hands it on).
 
 Started from the notification (DECISIONS 86): the enqueue's notification carries the
 job and the nonce we wrote into the slot's row when we parked it. With a nonce we
-gave that slot and have not seen used, the job starts at once, and ``job_adopt``
-closes the row behind it (its answer only settles the slot). The lease then counts
+gave that slot and have not seen used, the job starts at once, and
+``job_handoff_close`` closes the row behind it (without reading the job back). The lease then counts
 from when we sent the park that wrote the nonce: the enqueue read the row after that
 park committed, so its lease started later and ends later. A slot parked too long ago
 for that to leave half the trust window, a nonce that is not one of ours, or a row we
@@ -73,8 +73,8 @@ class Parking(WorkerLoop):
         #: slot, and when that park was sent)
         self._parked: dict[int, int] = {}
         self._by_nonce: dict[int, tuple[int, float]] = {}
-        #: slots whose job started from its notification while job_adopt (or an
-        #: unpark) has yet to close the row: their numbers are not parked again before
+        #: slots whose job started from its notification while job_handoff_close (or
+        #: an unpark) has yet to close the row: their numbers are not parked again before
         self._closing: set[int] = set()
         self._adopting: set[asyncio.Task[None]] = set()
         self.adopted = 0
@@ -237,7 +237,7 @@ class Parking(WorkerLoop):
     async def _close(self, slot: int, job_id: int) -> None:
         """Close the row of a slot whose job started from its notification."""
         try:
-            await self._store.job_adopt(self._worker_id, job_id)
+            await self._store.job_handoff_close(self._worker_id, job_id)
         except DatabaseUnavailable as exc:
             # The row stays open: the next unpark closes it (and does not start it).
             log.warning("handoff_close_failed", error=str(exc), job_id=job_id)

@@ -10,6 +10,7 @@ tests/acceptance/test_handoff_process.py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -522,3 +523,74 @@ def test_each_park_writes_the_nonces_it_is_given_and_a_reopen_replaces_them(
              "ttl_ms": TTL_MS, "first": 3, "nonces": [11]},
         )  # fmt: skip
         assert [(r["slot"], r["nonce"]) for r in parked(conn)] == [(3, 11)]
+
+
+def test_handoff_close_closes_only_the_parkers_row_of_that_job_once(db_dsn: str) -> None:
+    """job_handoff_close: what job_adopt does to the row, without reading the job."""
+    close = QUERIES["job_handoff_close"]
+    with connect(db_dsn) as conn:
+        park(conn, 2)
+        job = enqueue(conn)
+        assert job is not None
+        other = insert_job(conn, state="running", queue=QUEUE, lease_worker="someone-else")
+        assert conn.execute(close, {"worker": "intruder", "job_id": job["id"]}).fetchall() == []
+        assert conn.execute(close, {"worker": WORKER, "job_id": other.id}).fetchall() == []
+        (row,) = conn.execute(close, {"worker": WORKER, "job_id": job["id"]}).fetchall()
+        assert dict(row) == {"slot": 0}
+        assert conn.execute(close, {"worker": WORKER, "job_id": job["id"]}).fetchall() == []
+        assert [(r["slot"], r["job_id"]) for r in parked(conn)] == [(1, None)]
+        (closed,) = [r for r in parked(conn, closed_too=True) if r["slot"] == 0]
+        assert (closed["open"], closed["job_id"], closed["lease_token"]) == (False, None, None)
+        # the job is untouched: still running under the parker's lease
+        held = read_job(conn, job["id"])
+        assert held.state.value == "running" and held.lease is not None
+        assert held.lease.token == job["lease_token"]
+
+
+@pytest.mark.parametrize("first", ["close", "unpark"])
+def test_handoff_close_and_unpark_take_a_row_once_in_either_order(db_dsn: str, first: str) -> None:
+    """The statement that locks the row first takes it; the other waits for it, then
+    finds it closed (an unpark returns the slot without it; the close returns nothing)."""
+    statements = {
+        "close": (QUERIES["job_handoff_close"], {"worker": WORKER}),
+        "unpark": (QUERIES["job_unpark"], {"worker": WORKER}),
+    }
+    with connect(db_dsn) as setup:
+        park(setup)
+        job = enqueue(setup)
+        assert job is not None
+    second = "unpark" if first == "close" else "close"
+    out: dict[str, list[DictRow]] = {}
+    with connect(db_dsn, autocommit=False) as a, connect(db_dsn, autocommit=False) as b:
+        query, params = statements[first]
+        out[first] = a.execute(query, params | {"job_id": job["id"]}).fetchall()
+        waiter_pid = b.info.backend_pid
+        done = threading.Event()
+
+        def run_second() -> None:
+            query, params = statements[second]
+            out[second] = b.execute(query, params | {"job_id": job["id"]}).fetchall()
+            b.commit()
+            done.set()
+
+        thread = threading.Thread(target=run_second, daemon=True)
+        thread.start()
+        with connect(db_dsn) as watch:
+
+            def waiting() -> bool:
+                row = watch.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (waiter_pid,)
+                ).fetchone()
+                return row is not None and row["wait_event_type"] == "Lock"
+
+            wait_for(waiting, 10, message=f"{second} to wait for the row {first} holds")
+        assert not done.is_set()
+        a.commit()
+        thread.join(timeout=10)
+        assert done.is_set()
+    took = {"close": [r["slot"] for r in out["close"]],
+            "unpark": [r["job_id"] for r in out["unpark"] if r["job_id"] is not None]}  # fmt: skip
+    if first == "close":
+        assert took == {"close": [0], "unpark": []}
+    else:
+        assert took == {"close": [], "unpark": [job["id"]]}

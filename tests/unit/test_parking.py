@@ -55,8 +55,9 @@ class Store:
         self.rows: dict[int, int | None] = {}  # slot -> job handed into it
         self.nonces: dict[int, int] = {}  # slot -> the nonce its last park wrote
         self.fail_park = False
-        #: adopt waits on this before it answers (an adoption under way)
+        #: adopt (or a close) waits on this before it answers (one under way)
         self.adopt_gate: asyncio.Event | None = None
+        self.adopts = 0  # job_adopt calls (a job started from its note needs none)
 
     async def worker_park(self, p: Park) -> None:
         if self.fail_park:
@@ -71,13 +72,18 @@ class Store:
         return out
 
     async def job_adopt(self, worker: str, job_id: int) -> tuple[int | None, Adopted | None]:
+        self.adopts += 1
+        slot = await self.job_handoff_close(worker, job_id)
+        return (None, None) if slot is None else (slot, Adopted(job(job_id), 9_000))
+
+    async def job_handoff_close(self, worker: str, job_id: int) -> int | None:
         found = [s for s, j in self.rows.items() if j == job_id]
         if not found:
-            return None, None
+            return None
         del self.rows[found[0]]  # the row is taken now; the answer may come later
         if self.adopt_gate is not None:
             await self.adopt_gate.wait()
-        return found[0], Adopted(job(job_id), 9_000)
+        return found[0]
 
     async def job_adopt_read(self, worker: str, handed: Sequence[Unparked]) -> list[Adopted]:
         return [Adopted(job(u.job_id), 9_000) for u in handed if u.job_id is not None]
@@ -264,14 +270,15 @@ def test_a_noted_job_starts_before_its_row_is_closed_and_only_once() -> None:
     async def main() -> None:
         p, store, slots, executor = parking()
         await p.park()
-        store.adopt_gate = asyncio.Event()  # job_adopt (the close) has not answered
+        store.adopt_gate = asyncio.Event()  # job_handoff_close has not answered
         note = handoff(store, 1, 42)
         assert p.noted(note)
         assert executor.started == [42], "started from the note, not after job_adopt"
         assert (p.parked, slots.used) == (3, 4)
         store.adopt_gate.set()
         await turns()
-        assert 1 not in store.rows, "job_adopt closed the row behind it"
+        assert 1 not in store.rows, "job_handoff_close closed the row behind it"
+        assert store.adopts == 0, "the job was read back although the note carried it"
         assert p.noted(note)  # replayed: its nonce is spent; job_adopt finds no row
         await turns()
         assert executor.started == [42] and slots.used == 4
@@ -289,15 +296,13 @@ def test_an_unpark_that_closes_a_noted_row_first_does_not_start_its_job_again() 
         await p.park()
         store.adopt_gate = asyncio.Event()
         note = handoff(store, 2, 9)
-        del store.rows[2]  # (below: the unpark, not the close, takes the row)
-        store.rows[2] = 9
 
-        async def close_later(worker: str, job_id: int) -> tuple[int | None, Adopted | None]:
+        async def close_later(worker: str, job_id: int) -> int | None:
             assert store.adopt_gate is not None
             await store.adopt_gate.wait()
-            return None, None  # the unpark closed the row first
+            return None  # the unpark closed the row first
 
-        store.job_adopt = close_later  # type: ignore[method-assign]
+        store.job_handoff_close = close_later  # type: ignore[method-assign]
         assert p.noted(note)
         unpark = asyncio.create_task(p.unpark())
         await turns()
