@@ -47,6 +47,8 @@ dsn, calls = sys.argv[1], int(sys.argv[2])
 if sys.argv[3] == "setup":
     migrate(dsn)
     raise SystemExit(0)
+# worker_park's parameters as every side's tree names them: "slots" before migration
+# 0024, "nonces" since (a statement ignores the ones it does not name)
 PARK = {"worker": "enqueue-ab", "queues": ["ab"], "channel": "deadman_handoff_ab",
         "ttl_ms": 60000, "first": 0, "slots": 1, "nonces": [1]}
 admin = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
