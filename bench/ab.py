@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    ROOT,
     create_database,
     durable_cluster,
     machine,
     median,
     remove_trees,
     revision_tree,
+    write_results,
 )
 
 # Run inside the side's tree: its own bench.deadman_bench drives its own workers.
@@ -157,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "paired_ratio": paired_ratio(jobs_per_s["before"], jobs_per_s["after"]),
         "ok": not failed,
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"ab-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    out = write_results(data, "ab", a.out)
     print(
         f"median before {med['before']}, after {med['after']} jobs/s "
         f"({data['ratio']}x; rep by rep {data['paired_ratio']}x, each side first in "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import platform
 import resource
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -436,6 +438,16 @@ def pct(sorted_values: list[float], p: float) -> float | None:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def write_results(data: dict[str, Any], prefix: str, out: str | None = None) -> Path:
+    """``data`` as indented JSON at ``out``, or by default at
+    ``bench/results/<prefix>-<UTC time>.json``; the path written."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out) if out else ROOT / "bench" / "results" / f"{prefix}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
 
 
 def clean_dir(path: Path) -> Path:

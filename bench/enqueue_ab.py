@@ -25,13 +25,11 @@ enqueue → handler path). Raw results: ``bench/results/enqueue-ab-<time>.json``
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from bench.ab import paired_ratio, rep_order, run_driver, side_arguments, two_sides
-from bench.common import ROOT, median
+from bench.common import median, write_results
 
 SHAPES = ("handed", "queued", "in_tx", "bulk_1000")
 
@@ -131,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "shapes": shapes,
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"enqueue-ab-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    out = write_results(data, "enqueue-ab", a.out)
     for shape, s in shapes.items():
         print(
             f"{shape}: before {s['before']}, after {s['after']} {s['unit']}"

@@ -36,7 +36,6 @@ import psycopg
 
 from bench.ab import paired_ratio, rep_order, run_driver, two_sides
 from bench.common import (
-    ROOT,
     clean_dir,
     create_database,
     durable_cluster,
@@ -44,6 +43,7 @@ from bench.common import (
     read_marks,
     stop,
     wait_for,
+    write_results,
 )
 from bench.deadman_bench import _wait_workers, _worker, setup
 from deadman import Client
@@ -192,10 +192,7 @@ def compare(base: str, rev: str, rate: float, seconds: float, reps: int) -> int:
         "figures": figures,
         "ok": ok,
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = ROOT / "bench" / "results" / f"handoff-soak-ab-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    out = write_results(data, "handoff-soak-ab")
     for f, v in figures.items():
         print(
             f"{f}: before {v['before']:.3f}, after {v['after']:.3f}"

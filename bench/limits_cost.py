@@ -13,7 +13,6 @@ goes to bench/results/limits-<time>.json. The issue asks: within 5% and 25%.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import psycopg
 
 from bench import deadman_bench as dm
-from bench.common import ROOT, create_database, durable_cluster, machine, median
+from bench.common import create_database, durable_cluster, machine, median, write_results
 
 SHAPES = ("unkeyed", "unkeyed, limits elsewhere", "keyed, generous limit")
 
@@ -77,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_unkeyed": ratios,
         "ok": all(r["verify"]["ok"] for rs in runs.values() for r in rs),
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = ROOT / "bench" / "results" / f"limits-{stamp}.json"
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    out = write_results(data, "limits")
     for shape in SHAPES:
         print(f"{shape}: median {med[shape]} jobs/s ({ratios[shape]}x)")
     print(f"raw: {out}")

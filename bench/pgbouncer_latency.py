@@ -23,7 +23,6 @@ figures go to ``bench/results/pgbouncer-latency-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -34,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import deadman_bench as dm
-from bench.common import ROOT, create_database, durable_cluster, machine, median, settle
+from bench.common import (
+    create_database,
+    durable_cluster,
+    machine,
+    median,
+    settle,
+    write_results,
+)
 from tests.pgbouncer import bouncer as pgb
 
 #: the env vars a setting changes; every run starts from none of them
@@ -131,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "ok": all(r["ok"] for rs in runs.values() for r in rs),
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"pgbouncer-latency-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    out = write_results(data, "pgbouncer-latency", a.out)
     for name, r in out_rows.items():
         print(f"{name}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, p99.9 {r['p999_ms']} ms")
     print(f"every job exactly once: {data['ok']}; raw: {out}")
