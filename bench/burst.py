@@ -32,6 +32,8 @@ from bench.common import create_database, durable_cluster, machine, median, writ
 from bench.peers import pgqueuer_bench as pq
 
 SIDES = ("deadman", "pgqueuer")
+#: bench.ab's names for the two sides: the ratios are Deadman ÷ pgqueuer
+AB_NAME = {"before": "pgqueuer", "after": "deadman"}
 
 
 def run_one(side: str, dsn: str, n: int, logdir: Path) -> dict[str, Any]:
@@ -55,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         pq.setup(dsns["pgqueuer"])
         info = machine(dsns["deadman"])
         for rep in range(a.reps):
-            order = SIDES if rep_order(rep)[0] == "before" else SIDES[::-1]
-            for side in order:
+            for side in (AB_NAME[name] for name in rep_order(rep)):
                 r = run_one(side, dsns[side], a.jobs, logdir) | {"rep": rep + 1}
                 runs[side].append(r)
                 print(

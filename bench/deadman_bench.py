@@ -59,7 +59,7 @@ def truncate(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE deadman.jobs, deadman.attempt_log, deadman.workers, deadman.lease_refusals,"
-            " deadman.effects RESTART IDENTITY CASCADE"
+            " deadman.effects, deadman.parked RESTART IDENTITY CASCADE"
         )
         conn.execute("VACUUM ANALYZE deadman.jobs")
 

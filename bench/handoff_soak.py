@@ -40,6 +40,7 @@ from bench.common import (
     create_database,
     durable_cluster,
     machine,
+    median,
     read_marks,
     stop,
     wait_for,
@@ -52,17 +53,15 @@ from deadman import Client
 DRIVER = """
 import json, sys, tempfile
 from pathlib import Path
-import psycopg
 from bench import handoff_soak as hs
 from bench.deadman_bench import setup, truncate
 dsn, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 if sys.argv[4] == "setup":
     setup(dsn)
     raise SystemExit(0)
-# every rep on an empty database: the soak counts what is in it
+# every rep on an empty database: the soak counts what is in it (a tree from before
+# truncate emptied deadman.parked reports the slot table's size with the old rows in it)
 truncate(dsn)
-with psycopg.connect(dsn, autocommit=True) as conn:
-    conn.execute("TRUNCATE deadman.parked")
 print(json.dumps(hs.soak(dsn, rate, seconds, Path(tempfile.mkdtemp(prefix="deadman-soak-")))))
 """
 
@@ -163,7 +162,7 @@ def compare(base: str, rev: str, rate: float, seconds: float, reps: int) -> int:
             for side in rep_order(rep):
                 tree, commit = sides[side]
                 r = run_driver(tree, DRIVER, [dsns[side], *args, "run"])
-                r |= {f: statistics.median(w[f] for w in r["windows"]) for f in FIGURES}
+                r |= {f: median([w[f] for w in r["windows"]]) for f in FIGURES}
                 runs[side].append(r)
                 print(
                     f"rep {rep + 1} {side} ({commit}): enqueue call p50"
@@ -173,8 +172,8 @@ def compare(base: str, rev: str, rate: float, seconds: float, reps: int) -> int:
                 )
     figures = {
         f: {
-            "before": statistics.median(r[f] for r in runs["before"]),
-            "after": statistics.median(r[f] for r in runs["after"]),
+            "before": median([r[f] for r in runs["before"]]),
+            "after": median([r[f] for r in runs["after"]]),
             "paired_ratio": paired_ratio(
                 [r[f] for r in runs["before"]], [r[f] for r in runs["after"]]
             ),
