@@ -16,7 +16,8 @@ shapes taken in turn, and ``Client.enqueue_many``:
 - **queued**: an enqueue on its own with no slot parked;
 - **in_tx**: an enqueue inside the caller's transaction (``conn=``), committed by the
   caller (the commit is timed too);
-- **bulk_1000**: ``enqueue_many`` of 1,000 jobs (jobs/s).
+- **bulk_1000**: ``enqueue_many`` of 1,000 jobs (jobs/s), ``--bulk-calls`` calls a
+  rep (12 by default), the median of all but the first two.
 
 No worker runs: this is the caller's side alone (``bench.run``'s latency phase has the
 enqueue → handler path). Raw results: ``bench/results/enqueue-ab-<time>.json``.
@@ -42,6 +43,7 @@ from deadman.client import Client
 from deadman.db.migrate import migrate
 from deadman.db.queries import QUERIES
 dsn, calls = sys.argv[1], int(sys.argv[2])
+bulk_calls = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 if sys.argv[3] == "setup":
     migrate(dsn)
     raise SystemExit(0)
@@ -83,7 +85,7 @@ with Client(dsn) as client:
         if i >= 30:
             times[shape].append(took * 1000)
     bulk = []
-    for rep in range(12):
+    for rep in range(bulk_calls):
         jobs = [client.job("ab.job", {"i": j}, queue="ab") for j in range(1000)]
         t = time.perf_counter()
         client.enqueue_many(jobs)
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     side_arguments(ap)
     ap.add_argument("--calls", type=int, default=300, help="timed calls per shape and rep")
     ap.add_argument("--reps", type=int, default=6, help="even: each side first as often")
+    ap.add_argument(
+        "--bulk-calls", type=int, default=12, help="enqueue_many calls of 1,000 per rep (>2)"
+    )
     ap.add_argument("--out", help="raw JSON path (default bench/results/enqueue-ab-<time>.json)")
     a = ap.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(a.reps):
             for side in rep_order(rep):
                 tree, commit = sides[side]
-                r = run_driver(tree, DRIVER, [dsns[side], str(a.calls), "run"])
+                args = [dsns[side], str(a.calls), "run", str(a.bulk_calls)]
+                r = run_driver(tree, DRIVER, args)
                 runs[side].append(r)
                 print(f"rep {rep + 1} {side} ({commit}): {r}", flush=True)
     shapes: dict[str, Any] = {}
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "calls_per_shape_and_rep": a.calls,
+        "bulk_calls_per_rep": a.bulk_calls,
         "revisions": {side: commit for side, (_, commit) in sides.items()},
         "runs": runs,
         "shapes": shapes,

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.pq import ExecStatus, Format
 from psycopg.rows import DictRow, dict_row
 
-from deadman.db import jsoncodec
+from deadman.db import copyrows, jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
 
@@ -126,8 +126,7 @@ def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):
                 with cur.copy(QUERIES[step.name]) as copy:
-                    for row in step.rows:
-                        copy.write_row(row)
+                    copyrows.write_rows(copy, step.rows)
                 rows: Rows = []
             else:
                 cur.execute(QUERIES[step.name], step.params)
@@ -143,8 +142,7 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):
                 async with cur.copy(QUERIES[step.name]) as copy:
-                    for row in step.rows:
-                        await copy.write_row(row)
+                    await copyrows.write_rows_async(copy, step.rows)
                 rows: Rows = []
             else:
                 await cur.execute(QUERIES[step.name], step.params)
