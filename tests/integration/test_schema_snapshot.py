@@ -93,28 +93,3 @@ def test_migrations_build_the_committed_schema(db_dsn: str) -> None:
         "the migrated schema differs from tests/schema/deadman.txt; if the change is "
         "deliberate, regenerate it (see this module's docstring) and commit the diff"
     )
-
-
-def test_indexes_keyed_down_to_the_job_skip_deduplication(db_dsn: str) -> None:
-    """DECISIONS 88: a non-unique index on deadman.jobs whose key ends in ``id`` never
-    holds two rows under one key, so deduplication can only cost it; a new such index
-    must say ``deduplicate_items = off`` too (and one whose keys repeat must not)."""
-    with psycopg.connect(db_dsn) as conn:
-        rows = conn.execute(
-            """
-            SELECT c.relname,
-                   a.attname = 'id' AS ends_in_id,
-                   'deduplicate_items=off' = ANY(coalesce(c.reloptions, '{}')) AS off
-            FROM pg_index i
-            JOIN pg_class c ON c.oid = i.indexrelid
-            LEFT JOIN pg_attribute a
-              ON a.attrelid = i.indrelid AND a.attnum = i.indkey[i.indnkeyatts - 1]
-            WHERE i.indrelid = 'deadman.jobs'::regclass AND NOT i.indisunique
-            ORDER BY 1
-            """
-        ).fetchall()
-    wrong = [name for name, ends_in_id, off in rows if bool(ends_in_id) != off]
-    assert rows and not wrong, (
-        f"deduplicate_items should be off exactly where the key ends in id: {wrong}"
-    )
-    assert sum(1 for _, ends_in_id, _ in rows if ends_in_id) == 4
