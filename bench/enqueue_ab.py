@@ -17,7 +17,11 @@ shapes taken in turn, and ``Client.enqueue_many``:
 - **in_tx**: an enqueue inside the caller's transaction (``conn=``), committed by the
   caller (the commit is timed too);
 - **bulk_1000**: ``enqueue_many`` of 1,000 jobs (jobs/s), ``--bulk-calls`` calls a
-  rep (12 by default), the median of all but the first two.
+  rep (12 by default), the median of all but the first two; the jobs are built
+  (``Client.job``) before the timing;
+- **bulk_1000_built**: the same, each call given a generator of ``Client.job`` calls,
+  so building the jobs is timed too (as ``make bench``'s bulk phase times it); one
+  such call follows each bulk_1000 call.
 
 No worker runs: this is the caller's side alone (``bench.run``'s latency phase has the
 enqueue → handler path). Raw results: ``bench/results/enqueue-ab-<time>.json``.
@@ -32,7 +36,7 @@ from typing import Any
 from bench.ab import paired_ratio, rep_order, run_driver, side_arguments, two_sides
 from bench.common import median, write_results
 
-SHAPES = ("handed", "queued", "in_tx", "bulk_1000")
+SHAPES = ("handed", "queued", "in_tx", "bulk_1000", "bulk_1000_built")
 
 # Run inside the side's tree: its own package, its own statements.
 DRIVER = """
@@ -84,14 +88,18 @@ with Client(dsn) as client:
             admin.execute(QUERIES["job_adopt"], {"worker": PARK["worker"], "job_id": job.id})
         if i >= 30:
             times[shape].append(took * 1000)
-    bulk = []
+    bulk, built = [], []
     for rep in range(bulk_calls):
         jobs = [client.job("ab.job", {"i": j}, queue="ab") for j in range(1000)]
         t = time.perf_counter()
         client.enqueue_many(jobs)
         bulk.append(1000 / (time.perf_counter() - t))
+        t = time.perf_counter()
+        client.enqueue_many(client.job("ab.job", {"i": j}, queue="ab") for j in range(1000))
+        built.append(1000 / (time.perf_counter() - t))
 out = {shape: round(statistics.median(v), 4) for shape, v in times.items()}
 out["bulk_1000"] = round(statistics.median(bulk[2:]), 1)
+out["bulk_1000_built"] = round(statistics.median(built[2:]), 1)
 print(json.dumps(out))
 """
 

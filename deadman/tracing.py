@@ -141,7 +141,11 @@ def stored(value: object) -> dict[str, str] | None:
 def current() -> dict[str, str] | None:
     """The trace context to send with a job enqueued now: the current span's (W3C
     propagator) when OpenTelemetry is installed and a span is current, else None."""
-    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+    # An empty context holds no span (0.07 µs to see, against 0.26 for the span's own
+    # check): a bulk enqueue asks once per job it builds.
+    if not ENABLED or not otel_context.get_current():
+        return None
+    if not trace.get_current_span().get_span_context().is_valid:
         return None
     found: dict[str, str] = {}
     _PROPAGATOR.inject(found)

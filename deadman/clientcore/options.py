@@ -85,9 +85,7 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
     if key is not None:
         checked = _CHECKED.get(key)
         if checked is not None:
-            job = object.__new__(NewJob)
-            job.__dict__.update(checked.__dict__, payload=payload)
-            return traced(job)
+            return traced(_with_payload(checked, payload))
     body: dict[str, Any] = {"type": type, "payload": payload}
     for name, value in options.items():
         if value is None:
@@ -108,10 +106,23 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
     return traced(job)
 
 
+def _with_payload(checked: NewJob, payload: Any) -> NewJob:
+    """A copy of the remembered ``checked`` job with ``payload``: its fields copied as
+    a dict, set on a bare instance (0.3 µs; ``dataclasses.replace`` runs
+    ``__init__``, and ``__dict__.update`` on the new instance takes 0.5)."""
+    fields = checked.__dict__.copy()
+    fields["payload"] = payload
+    job: NewJob = object.__new__(NewJob)
+    object.__setattr__(job, "__dict__", fields)
+    return job
+
+
 def _remembered_key(type_: Any, options: JobOptions) -> tuple[Any, ...] | None:
     """The key new_job remembers a checked job by; None: not to be remembered."""
     if type(type_) is not str:
         return None
+    if not options:
+        return (type_,)
     key: list[Any] = [type_]
     for name, value in options.items():
         kind = type(value)
