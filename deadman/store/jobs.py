@@ -15,6 +15,11 @@ from psycopg.types.json import Jsonb
 from deadman.errors import InvalidJob
 from deadman.model import Backoff, JobState
 
+#: the canonical JSON that request_hash fingerprints: ``json.dumps(body,
+#: sort_keys=True, separators=(",", ":"), default=str)`` byte for byte (stored hashes
+#: were made by it), with the encoder made once instead of at every call (~1 µs)
+_HASH_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
 
 @dataclass(frozen=True)
 class NewJob:
@@ -69,8 +74,7 @@ class NewJob:
             body["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
         if self.limit_key is not None:
             body["limit_key"] = self.limit_key
-        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(raw.encode()).hexdigest()
+        return hashlib.sha256(_HASH_JSON.encode(body).encode()).hexdigest()
 
     def params(
         self,
