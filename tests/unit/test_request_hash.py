@@ -1,6 +1,6 @@
 """``NewJob.request_hash`` must stay byte for byte what stored hashes were made from:
 a replay sent after an upgrade is told from a different request by it. Its encoder is
-made once (DECISIONS 89); these pin it to the ``json.dumps`` call it replaced, and one
+made once (DECISIONS 90); these pin it to the ``json.dumps`` call it replaced, and one
 job's hash to its value."""
 
 from __future__ import annotations
