@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", help="raw JSON path (default bench/results/enqueue-ab-<time>.json)")
     a = ap.parse_args(argv)
+    if a.bulk_calls < 3:
+        ap.error("--bulk-calls: at least 3 (the first two calls of a rep are not counted)")
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     with two_sides(a.base, a.rev, "enqueue_ab") as (sides, dsns, info):
         for side, (tree, _) in sides.items():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -103,11 +102,9 @@ def soak(dsn: str, rate: float, seconds: float, workdir: Path) -> dict[str, Any]
     windows = [
         {
             "from_s": round(s / rate, 1),
-            "enqueue_call_p50_ms": round(statistics.median(calls[s : s + fifth]), 3),
+            "enqueue_call_p50_ms": round(median(calls[s : s + fifth]), 3),
             "total_p50_ms": round(
-                statistics.median(
-                    (marks[i] - intended[i]) * 1000 for i in range(s, min(n, s + fifth))
-                ),
+                median([(marks[i] - intended[i]) * 1000 for i in range(s, min(n, s + fifth))]),
                 3,
             ),
         }
