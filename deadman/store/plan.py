@@ -10,6 +10,7 @@ the rows live in the plan (``deadman.store.plans``); only the driving differs.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, TypeVar
 
@@ -36,10 +37,34 @@ class Query:
 
 @dataclass(frozen=True)
 class Copy:
-    """``COPY ... FROM STDIN`` (the named query) with ``rows``; the plan is sent []."""
+    """``COPY ... FROM STDIN`` (the named query) with ``rows``; the plan is sent [].
+
+    ``tentative``: under a savepoint. If the server refuses it with a unique violation
+    or a deadlock, the savepoint is rolled back (the transaction, and what the plan
+    did before, go on) and :class:`Refused` is thrown into the plan at this step."""
 
     name: LiteralString
     rows: Iterable[Sequence[Any]]
+    tentative: bool = False
+
+
+class Refused(Exception):
+    """A tentative step's refusal, thrown into its plan; ``cause`` is the server's error
+    (a plan that does not expect it raises ``cause``)."""
+
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+    @property
+    def constraint(self) -> str | None:
+        """The unique constraint violated (None for a deadlock)."""
+        return self.cause.diag.constraint_name
+
+
+#: What a tentative step's refusal may be: the rows are fine, another transaction got
+#: there first (or the two waited on each other).
+_REFUSALS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected)
 
 
 Step = Query | Copy
@@ -125,8 +150,17 @@ def _drive_sync(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
         step = _advance(steps, None)
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):
-                with cur.copy(QUERIES[step.name]) as copy:
-                    copyrows.write_rows(copy, step.rows)
+                try:
+                    with (
+                        conn.transaction() if step.tentative else nullcontext(),
+                        cur.copy(QUERIES[step.name]) as copy,
+                    ):
+                        copyrows.write_rows(copy, step.rows)
+                except _REFUSALS as exc:
+                    if not step.tentative:
+                        raise
+                    step = _refuse(steps, exc)
+                    continue
                 rows: Rows = []
             else:
                 cur.execute(QUERIES[step.name], step.params)
@@ -141,8 +175,17 @@ async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R
         step = _advance(steps, None)
         while isinstance(step, Query | Copy):
             if isinstance(step, Copy):
-                async with cur.copy(QUERIES[step.name]) as copy:
-                    await copyrows.write_rows_async(copy, step.rows)
+                try:
+                    async with (
+                        conn.transaction() if step.tentative else nullcontext(),
+                        cur.copy(QUERIES[step.name]) as copy,
+                    ):
+                        await copyrows.write_rows_async(copy, step.rows)
+                except _REFUSALS as exc:
+                    if not step.tentative:
+                        raise
+                    step = _refuse(steps, exc)
+                    continue
                 rows: Rows = []
             else:
                 await cur.execute(QUERIES[step.name], step.params)
@@ -167,5 +210,13 @@ def _advance(steps: Steps[R], rows: Rows | None) -> Step | _Done[R]:
     """The plan's next step, sent the rows of the last one (None: its first)."""
     try:
         return next(steps) if rows is None else steps.send(rows)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
+def _refuse(steps: Steps[R], exc: psycopg.Error) -> Step | _Done[R]:
+    """The plan's next step after its tentative step was refused with ``exc``."""
+    try:
+        return steps.throw(Refused(exc))
     except StopIteration as done:
         return _Done(done.value)

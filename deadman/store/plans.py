@@ -16,10 +16,13 @@ from deadman.model import Job, JobState, Workflow
 from deadman.store.batches import batch_dependencies
 from deadman.store.jobs import NewJob, deps_verdict
 from deadman.store.limits import Limit, LimitParams, limit_params, limits_of, list_params
-from deadman.store.plan import Copy, Plan, Query, Rows, Steps, one
+from deadman.store.plan import Copy, Plan, Query, Refused, Rows, Steps, one
 from deadman.store.schedules import Schedule, ScheduleParams, schedule_params, schedules_of
 from deadman.store.workflows import NewWorkflow, workflow_params
 
+#: The unique index a job's idempotency key is held in (migrations): a keyed COPY that
+#: it refuses met a key another transaction took after the look-up (DECISIONS 92).
+IDEMPOTENCY_KEY_INDEX = "jobs_idempotency_key_uq"
 #: a workflow's row and its nodes, read in one transaction
 WorkflowRows = tuple[DictRow, list[Job]]
 
@@ -94,8 +97,9 @@ def job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Plan[l
     order (a job whose idempotency key is taken is skipped). One transaction (the
     staging table empties at commit). A batch with no key, run_at or delay in it is
     COPYed straight into the jobs table instead, under ids reserved first (DECISIONS
-    68). A batch in which some job has ``depends_on`` is inserted one job at a time,
-    with its dependency locks."""
+    68); so is one in which every job has a key of its own that no job holds yet
+    (DECISIONS 92). A batch in which some job has ``depends_on`` is inserted one job
+    at a time, with its dependency locks."""
     return Plan(lambda: _job_insert_many(jobs, default_max_attempts), atomic=True)
 
 
@@ -115,10 +119,39 @@ def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps
         ids = [int(i) for i in reserved[0]["ids"]]
         yield Copy("job_copy_direct", _direct(ids, jobs, default_max_attempts))
         return ids
+    keys = _keys_direct(jobs)
+    if keys is not None:
+        copied = yield from _copy_keyed(jobs, keys, default_max_attempts)
+        if copied is not None:
+            return copied
     yield Query("job_stage_prepare", {})
     yield Query("job_stage_clear", {})
     yield Copy("job_stage_copy", _staged(jobs, default_max_attempts))
     return [int(r["id"]) for r in (yield Query("job_insert_staged", {}))]
+
+
+def _copy_keyed(
+    jobs: Sequence[NewJob], keys: list[str], default_max_attempts: int
+) -> Steps[list[int] | None]:
+    """The keyed COPY (DECISIONS 92): the new ids, or None when a key is taken, seen by
+    the look-up or met by the COPY (which is then rolled back to its savepoint, the
+    caller's transaction going on): the batch must be staged."""
+    queues = sorted({j.queue for j in jobs})
+    lines = "\n".join(keys)
+    reserved = yield Query(
+        "job_ids_reserve_keyed", {"n": len(jobs), "queues": queues, "keys": lines}
+    )
+    if reserved[0]["taken"]:
+        return None
+    ids = [int(i) for i in reserved[0]["ids"]]
+    rows = _direct_keyed(ids, jobs, default_max_attempts)
+    try:
+        yield Copy("job_copy_direct_keyed", rows, tentative=True)
+    except Refused as refused:
+        if refused.constraint not in (None, IDEMPOTENCY_KEY_INDEX):
+            raise refused.cause from None
+        return None
+    return ids
 
 
 def _copies_direct(job: NewJob) -> bool:
@@ -133,6 +166,30 @@ def _direct(
     """job_copy_direct's rows, in job_stage_copy's encoding."""
     for id_, job in zip(ids, jobs, strict=True):
         yield (id_, *_what(job, default_max_attempts), *_bounds(job))
+
+
+def _keys_direct(jobs: Sequence[NewJob]) -> list[str] | None:
+    """The batch's idempotency keys if it can be COPYed straight in with them (DECISIONS
+    92): every job has a key, no two the same, none with a line break (job_ids_reserve_keyed
+    takes them a line each; ``Client.job`` refuses control characters in a key), and
+    nothing else needs the server's clock (run_at, delay). None: the staged path (a key
+    twice in one batch: its ``ON CONFLICT`` keeps the first)."""
+    if any(j.idempotency_key is None or j.run_at is not None or j.delay_ms for j in jobs):
+        return None
+    distinct = {str(j.idempotency_key) for j in jobs}
+    if len(distinct) != len(jobs) or any("\n" in k for k in distinct):
+        return None
+    return sorted(distinct)
+
+
+def _direct_keyed(
+    ids: Sequence[int], jobs: Sequence[NewJob], default_max_attempts: int
+) -> Iterator[tuple[Any, ...]]:
+    """job_copy_direct_keyed's rows, in key order (each job keeps the id reserved for
+    its place in the batch)."""
+    for id_, job in sorted(zip(ids, jobs, strict=True), key=lambda p: str(p[1].idempotency_key)):
+        what = _what(job, default_max_attempts)
+        yield (id_, *what, job.idempotency_key, job.request_hash(), *_bounds(job))
 
 
 def _staged(jobs: Sequence[NewJob], default_max_attempts: int) -> Iterator[tuple[Any, ...]]:

@@ -17,7 +17,7 @@ from deadman.config import Settings
 from deadman.db import pool as pool_module
 from deadman.errors import ConfigError, DuplicateKey, InvalidJob
 from deadman.model import Backoff, JobState
-from deadman.store import plans
+from deadman.store import NewJob, plans
 from tests.factories import connect, db_now, job_row
 from tests.helpers import wait_for
 
@@ -458,6 +458,88 @@ def test_enqueue_many_takes_the_straight_copy_only_without_key_run_at_or_delay(
             "job_stage_prepare",
             "job_stage_clear",
         ], odd
+
+
+def test_enqueue_many_takes_the_keyed_copy_only_when_every_job_has_its_own_key(
+    client: Client,
+) -> None:
+    """A batch in which every job has a key of its own, and none a run_at or a delay,
+    is COPYed straight in after a look-up of its keys (DECISIONS 92); a key already
+    taken, a key twice in the batch, a job without a key or one with a run_at: the
+    staging table, as before."""
+
+    def statements(jobs: list[Any], taken: list[str]) -> list[str]:
+        steps = plans.job_insert_many(jobs, 5).steps()
+        names = [next(steps).name]
+        names.append(steps.send([{"ids": list(range(len(jobs))), "taken": taken}]).name)
+        return names
+
+    def keyed(*keys: str, **odd: Any) -> list[Any]:
+        return [client.job("t", idempotency_key=k, **odd) for k in keys]
+
+    direct = ["job_ids_reserve_keyed", "job_copy_direct_keyed"]
+    staged = ["job_stage_prepare", "job_stage_clear"]
+    assert statements(keyed("b", "a", "c"), []) == direct
+    assert statements(keyed("b", "a", "c"), ["a"]) == ["job_ids_reserve_keyed", staged[0]]
+    assert statements(keyed("a", "b", "a"), []) == staged
+    assert statements([*keyed("a"), client.job("t")], []) == staged
+    assert statements(keyed("a", "b", run_at=datetime.now(UTC)), []) == staged
+    # Client.job refuses a key with a line break; a NewJob made by hand is staged
+    # (job_ids_reserve_keyed reads the keys a line each)
+    assert statements([*keyed("a"), NewJob("t", idempotency_key="b\nc")], []) == staged
+
+
+def test_enqueue_many_of_keyed_jobs_copied_straight_in_stores_what_the_other_paths_store(
+    client: Client, db_dsn: str
+) -> None:
+    """The keyed COPY writes what a keyed enqueue one by one (job_insert) and the
+    staged path write: every column, the request's fingerprint included (it does not
+    cover the key); the ids come back in the batch's order, whatever the COPY's."""
+    options: list[dict[str, Any]] = [
+        {},
+        {"queue": "q.2", "priority": -7, "max_attempts": 9, "timeout": 2.5},
+        {"backoff": Backoff(strategy="fixed", base_ms=500, max_ms=9000), "limit_key": "k:1"},
+    ]
+    payloads: list[Any] = [None, {"n": 1, "s": "é\u2028"}, [1, 2.5, True, None]]
+    cases = list(zip(payloads, options, strict=True))
+    # keys out of order, so the COPY's rows (in key order) are not the batch's
+    direct = client.enqueue_many(
+        [client.job("t.k", p, idempotency_key=f"d-{9 - i}", **o) for i, (p, o) in enumerate(cases)]
+    )
+    one_by_one = [
+        client.enqueue("t.k", p, idempotency_key=f"s-{i}", **o).id for i, (p, o) in enumerate(cases)
+    ]
+    staged = client.enqueue_many(
+        [
+            *(
+                client.job("t.k", p, idempotency_key=f"g-{i}", **o)
+                for i, (p, o) in enumerate(cases)
+            ),
+            client.job("t.k"),  # no key: forces the staging table
+        ]
+    )
+
+    def unkeyed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k != "idempotency_key"} for r in rows]
+
+    assert direct == sorted(direct)
+    expected = _stored(db_dsn, one_by_one)
+    assert unkeyed(_stored(db_dsn, direct)) == unkeyed(expected)
+    assert unkeyed(_stored(db_dsn, staged[: len(cases)])) == unkeyed(expected)
+    assert [r["idempotency_key"] for r in _stored(db_dsn, direct)] == ["d-9", "d-8", "d-7"]
+    for (p, o), row in zip(cases, _stored(db_dsn, direct), strict=True):
+        made = client.job("t.k", p, idempotency_key="any", **o)
+        assert row["request_hash"] == made.request_hash()
+    # the same batch again: every key taken, a replay inserts nothing
+    assert (
+        client.enqueue_many(
+            [
+                client.job("t.k", p, idempotency_key=f"d-{9 - i}", **o)
+                for i, (p, o) in enumerate(cases)
+            ]
+        )
+        == []
+    )
 
 
 def test_enqueue_many_copied_straight_in_wakes_each_queue(client: Client, db_dsn: str) -> None:

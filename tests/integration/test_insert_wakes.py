@@ -31,7 +31,10 @@ Conn = psycopg.Connection[DictRow]
 
 WAKE = "pg_notify('deadman_jobs'"
 #: statements whose rows another statement of the same transaction wakes for
-WOKEN_BY = {"job_copy_direct": "job_ids_reserve"}
+WOKEN_BY = {
+    "job_copy_direct": "job_ids_reserve",
+    "job_copy_direct_keyed": "job_ids_reserve_keyed",
+}
 
 
 def test_every_statement_that_inserts_jobs_wakes_their_queues() -> None:

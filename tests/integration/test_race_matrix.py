@@ -61,8 +61,10 @@ from deadman.store import (
     claim_params,
     finish_params,
     heartbeat_params,
+    plans,
 )
 from deadman.store.leases import refill_params
+from deadman.store.plan import run_sync
 from deadman.store.submissions import grouped_order, grouped_params
 from deadman.worker.parking import handoff_channel
 from tests.factories import insert_job
@@ -320,6 +322,23 @@ def _insert_grouped(other: str) -> Callable[[Conn, World], list[DictRow]]:
     return run
 
 
+def _insert_copied(other: str) -> Callable[[Conn, World], list[DictRow]]:
+    """Client.enqueue_many of keyed jobs (IDEM, the key ``other`` and ``zz-shared``):
+    COPYed straight in under a savepoint when no key is taken (DECISIONS 92), staged
+    when one is, or when the COPY met a key another transaction took meanwhile. The
+    rows it made."""
+
+    def run(conn: Conn, w: World) -> list[DictRow]:
+        keys = (other, "zz-shared", IDEM)
+        jobs = [NewJob("race", queue=QUEUE, idempotency_key=k) for k in keys]
+        ids = run_sync(conn, plans.job_insert_many(jobs, 5))
+        return conn.execute(
+            "SELECT id, idempotency_key FROM deadman.jobs WHERE id = ANY(%s)", (ids,)
+        ).fetchall()
+
+    return run
+
+
 #: the worker whose parked slot the handoff rows race on (DECISIONS 83)
 PARKER = "race-parker"
 
@@ -447,6 +466,17 @@ STATEMENTS: dict[str, Stmt] = {
         *(
             Stmt(name, ("job_insert_grouped",), _insert_grouped(other), _made_idem, inserts=True)
             for name, other in [("insert_grouped", "race-a"), ("insert_grouped_2", "race-b")]
+        ),
+        # a bulk enqueue of keyed jobs: the straight COPY, or its fallback (DECISIONS 92)
+        *(
+            Stmt(
+                name,
+                ("job_ids_reserve_keyed", "job_copy_direct_keyed", "job_insert_staged"),
+                _insert_copied(other),
+                _made_idem,
+                inserts=True,
+            )
+            for name, other in [("insert_copied", "race-c"), ("insert_copied_2", "race-d")]
         ),
         # handoffs at enqueue (DECISIONS 83): two enqueues for one parked slot, the
         # parker taking its slots back or adopting the job its notification named
@@ -781,6 +811,18 @@ MATRIX: list[tuple[str, str, str]] = [
     ("idem_dead_old", "insert_grouped", "prune"),
     ("idem_succeeded_old", "insert_grouped", "prune"),
     ("idem_succeeded_old", "insert", "prune"),
+    # ... and a bulk enqueue of keyed jobs, COPYed straight in: against a single and a
+    # grouped insert and another such COPY of the same keys, it waits on the key's
+    # index entry and then, refused, takes the staged path (ON CONFLICT); with the key
+    # held already it is staged from the start
+    ("idem_free", "insert_copied", "insert"),
+    ("idem_free", "insert_copied", "insert_grouped"),
+    ("idem_free", "insert_copied", "insert_copied_2"),
+    ("idem_queued", "insert_copied", "cancel"),
+    ("idem_queued", "insert_copied", "claim"),
+    ("idem_dead_old", "insert_copied", "retry"),
+    ("idem_dead_old", "insert_copied", "prune"),
+    ("idem_succeeded_old", "insert_copied", "prune"),
     # what holds a due job's row for a moment without taking it: a claim meanwhile
     # steps past the job (SKIP LOCKED), so the holder must wake the queue (the claim
     # wake-up invariant); the waiter's flag and resume are above
