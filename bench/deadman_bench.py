@@ -64,9 +64,10 @@ def truncate(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE deadman.jobs")
 
 
-def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
+def bulk_enqueue(dsn: str, n: int, per_call: int | None = None, keyed: bool = False) -> float:
     """Seconds for ``Client.enqueue_many`` of n no-op jobs (building them included), in
-    one call, or in calls of ``per_call`` jobs one after another (all of them timed)."""
+    one call, or in calls of ``per_call`` jobs one after another (all of them timed);
+    ``keyed``: each job with an idempotency key of its own, new to the table."""
     truncate(dsn)
     size = per_call or n
     ids: list[int] = []
@@ -74,7 +75,13 @@ def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
         client.get(0)  # open the pool outside the timing
         t0 = time.perf_counter()
         for start in range(0, n, size):
-            ids += client.enqueue_many(client.job("noop") for _ in range(min(size, n - start)))
+            numbers = range(start, min(start + size, n))
+            if keyed:
+                ids += client.enqueue_many(
+                    client.job("noop", idempotency_key=f"bulk-{i}") for i in numbers
+                )
+            else:
+                ids += client.enqueue_many(client.job("noop") for _ in numbers)
         elapsed = time.perf_counter() - t0
     if len(ids) != n or _count(dsn, "SELECT count(*) FROM deadman.jobs") != n:
         raise AssertionError(f"deadman enqueue_many stored {len(ids)} of {n} jobs")

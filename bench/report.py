@@ -264,11 +264,15 @@ def _bulk(data: dict[str, Any], w: Any) -> None:
     peers = [bulk[p]["jobs_per_s"] for p in PEERS if bulk.get(p, {}).get("ok")]
     best = max(peers) if peers else None
     in_calls = bulk.get("in_calls", {})
-    call_peers = [in_calls[p]["jobs_per_s"] for p in PEERS if in_calls.get(p, {}).get("ok")]
-    best_calls = max(call_peers) if call_peers else None
+    keyed = bulk.get("keyed", {})
+
+    def best_of(rows: dict[str, Any]) -> float | None:
+        rates = [rows[p]["jobs_per_s"] for p in PEERS if rows.get(p, {}).get("ok")]
+        return max(rates) if rates else None
+
     w("| system | path | jobs per call | jobs/s (median) | seconds per rep | vs best peer |")
     w("|---|---|---|---|---|---|")
-    for rows, top in ((bulk, best), (in_calls, best_calls)):
+    for rows, top in ((bulk, best), (in_calls, best_of(in_calls)), (keyed, best_of(keyed))):
         for name in ("deadman", *PEERS):
             if name not in rows:
                 continue
@@ -949,6 +953,14 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "(client), every call timed, building the jobs included; each system's two "
             "sizes run back to back within each rep, reps interleaved across systems; "
             "median of the reps.\n"
+        )
+    if data.get("bulk", {}).get("keyed"):
+        lines.append(
+            f"- **Bulk enqueue with keys**: the same {plan['bulk_n']:,} jobs in calls of "
+            f"{plan.get('bulk_per_call', 0):,}, each job with a key of its own, new to the "
+            "table (Deadman: an idempotency key; pgqueuer: a dedupe_key with "
+            "on_conflict='skip'; procrastinate has no per-job key in a batch and is not in "
+            "it), right after the two sizes above in each rep.\n"
         )
     if "shapes" in data:
         conc = ", ".join(str(c) for c in plan.get("shape_concurrency", ()))

@@ -171,6 +171,13 @@ BULK_PATHS = {
     "pgqueuer": "Queries.enqueue with lists (one UNNEST insert)",
     "procrastinate": "Task.batch_defer_async (one statement)",
 }
+#: The keyed bulk shape: a key of its own per job, a taken one skipped. procrastinate
+#: is not in it: its queueing_lock is set per deferring call, not per job of a batch.
+KEYED_BULK_PATHS = {
+    "deadman": "Client.enqueue_many, an idempotency key per job (COPY straight in under"
+    " a savepoint; DECISIONS 92)",
+    "pgqueuer": "Queries.enqueue with lists, a dedupe_key per job, on_conflict='skip'",
+}
 MODULES: dict[str, Any] = {"deadman": dm, "pgqueuer": pgq, "procrastinate": pro}
 
 
@@ -178,42 +185,47 @@ def bulk(plan: Plan, dsns: dict[str, str]) -> dict[str, Any]:
     """Reps interleaved across systems (A B C A B C ...): this machine's commit latency
     drifts, and interleaving spreads a slow spell over every system alike. Each rep
     runs every system twice: ``bulk_n`` jobs in one call (``out[name]``), then in
-    calls of ``bulk_per_call`` (``out["in_calls"][name]``), every call timed."""
-    sizes = {"one": None, "calls": plan.bulk_per_call}
-    secs: dict[tuple[str, str], list[float]] = {(n, k): [] for n in MODULES for k in sizes}
+    calls of ``bulk_per_call`` (``out["in_calls"][name]``), every call timed; then,
+    for the systems of KEYED_BULK_PATHS, in calls of ``bulk_per_call`` with a key of
+    its own per job (``out["keyed"][name]``)."""
+    sizes = {"one": None, "calls": plan.bulk_per_call, "keyed": plan.bulk_per_call}
+    kinds = [(n, k) for n in MODULES for k in sizes if k != "keyed" or n in KEYED_BULK_PATHS]
+    secs: dict[tuple[str, str], list[float]] = {nk: [] for nk in kinds}
     errors: dict[tuple[str, str], str] = {}
     reset_pg_stats(dsns["deadman"])  # resets every database's statements
     for _ in range(plan.reps):
-        for name, mod in MODULES.items():
-            for kind, per_call in sizes.items():
-                if (name, kind) in errors:
-                    continue
-                try:
-                    secs[(name, kind)].append(mod.bulk_enqueue(dsns[name], plan.bulk_n, per_call))
-                except Exception as exc:
-                    traceback.print_exc()
-                    errors[(name, kind)] = f"{name} bulk ({kind}): {exc!r}"
-    out: dict[str, Any] = {"in_calls": {}}
+        for name, kind in kinds:
+            if (name, kind) in errors:
+                continue
+            enqueue = MODULES[name].bulk_enqueue
+            args = (dsns[name], plan.bulk_n, sizes[kind])
+            try:
+                took = enqueue(*args, keyed=True) if kind == "keyed" else enqueue(*args)
+                secs[(name, kind)].append(took)
+            except Exception as exc:
+                traceback.print_exc()
+                errors[(name, kind)] = f"{name} bulk ({kind}): {exc!r}"
+    out: dict[str, Any] = {"in_calls": {}, "keyed": {}}
+    for name, kind in kinds:
+        key = (name, kind)
+        if key in errors:
+            res: dict[str, Any] = {"ok": False, "error": errors[key]}
+        else:
+            res = {
+                "path": (KEYED_BULK_PATHS if kind == "keyed" else BULK_PATHS)[name],
+                "n": plan.bulk_n,
+                "per_call": sizes[kind] or plan.bulk_n,
+                "seconds": [round(x, 4) for x in secs[key]],
+                "jobs_per_s": round(plan.bulk_n / median(secs[key]), 1),
+                "ok": True,
+            }
+            log(f"bulk {name} ({kind}): {res['jobs_per_s']} jobs/s {res['seconds']}")
+        if kind == "one":
+            out[name] = res
+        else:
+            out["in_calls" if kind == "calls" else "keyed"][name] = res
     for name in MODULES:
-        for kind, per_call in sizes.items():
-            key = (name, kind)
-            if key in errors:
-                res: dict[str, Any] = {"ok": False, "error": errors[key]}
-            else:
-                res = {
-                    "path": BULK_PATHS[name],
-                    "n": plan.bulk_n,
-                    "per_call": per_call or plan.bulk_n,
-                    "seconds": [round(x, 4) for x in secs[key]],
-                    "jobs_per_s": round(plan.bulk_n / median(secs[key]), 1),
-                    "ok": True,
-                }
-                log(f"bulk {name} ({kind}): {res['jobs_per_s']} jobs/s {res['seconds']}")
-            if kind == "one":
-                out[name] = res
-            else:
-                out["in_calls"][name] = res
-        if out[name].get("ok"):  # both sizes' statements, over all reps
+        if out[name].get("ok"):  # every shape's statements, over all reps
             out[name]["top_statements"] = top_statements(dsns[name], 4)
     return out
 
@@ -718,8 +730,9 @@ def _at_revision(rev: str, argv: list[str], out_path: Path, render: bool) -> int
 def _failures(data: dict[str, Any]) -> list[str]:
     bad = []
     bulk = data.get("bulk", {})
-    rows = [(name, r) for name, r in bulk.items() if name != "in_calls"]
+    rows = [(name, r) for name, r in bulk.items() if name not in ("in_calls", "keyed")]
     rows += [(f"{name} in calls", r) for name, r in bulk.get("in_calls", {}).items()]
+    rows += [(f"{name} keyed", r) for name, r in bulk.get("keyed", {}).items()]
     rows += [(f"latency {name}", r) for name, r in data.get("latency", {}).items()]
     for name, r in rows:
         if not r.get("ok"):

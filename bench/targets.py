@@ -161,6 +161,18 @@ def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
             "Client.enqueue_many",
             "pgqueuer",
         )
+    keyed = bulk.get("keyed", {})
+    if keyed:
+        d, p = keyed.get("deadman", {}), keyed.get("pgqueuer", {})
+        dr, pr = _ok_rate(d), _ok_rate(p)
+        row(
+            f"bulk enqueue in calls of {_f(d.get('per_call') or p.get('per_call'))}, a new "
+            "key per job (reported, no target)",
+            f"{_f(dr)} jobs/s (Client.enqueue_many, idempotency keys)" if dr else "FAILED",
+            f"{_f(pr)} jobs/s (pgqueuer, dedupe keys)" if pr else "not measured (pgqueuer)",
+            dr / pr if dr and pr else None,
+            None,
+        )
     for r in data.get("http", {}).get("results", []):
         if r.get("mode") in ("keyed", "keyed_many"):
             v = r["jobs_per_s"] if r.get("ok") else None

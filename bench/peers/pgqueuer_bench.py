@@ -83,9 +83,11 @@ def _count(dsn: str, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
+def bulk_enqueue(dsn: str, n: int, per_call: int | None = None, keyed: bool = False) -> float:
     """Seconds for ``Queries.enqueue`` of n jobs, in one call or in calls of
-    ``per_call`` jobs one after another (all of them timed)."""
+    ``per_call`` jobs one after another (all of them timed); ``keyed``: each job with a
+    ``dedupe_key`` of its own, new to the table, duplicates skipped
+    (``on_conflict="skip"``: pgqueuer's closest to an idempotency key)."""
     truncate(dsn)
     size = per_call or n
 
@@ -97,7 +99,14 @@ def bulk_enqueue(dsn: str, n: int, per_call: int | None = None) -> float:
             t0 = time.perf_counter()
             for start in range(0, n, size):
                 k = min(size, n - start)
-                ids += await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+                if keyed:
+                    keys: list[str | None] = [f"bulk-{i}" for i in range(start, start + k)]
+                    made = await queries.enqueue(
+                        ["noop"] * k, [None] * k, [0] * k, dedupe_key=keys, on_conflict="skip"
+                    )
+                    ids += [i for i in made if i is not None]
+                else:
+                    ids += await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
             elapsed = time.perf_counter() - t0
         finally:
             await conn.close()

@@ -97,6 +97,10 @@ def run_data() -> dict[str, Any]:
                 "deadman": burn(80_000, n=20_000, per_call=1_000),
                 "pgqueuer": burn(50_000, n=20_000, per_call=1_000),
             },
+            "keyed": {
+                "deadman": burn(55_000, n=20_000, per_call=1_000),
+                "pgqueuer": burn(50_000, n=20_000, per_call=1_000),
+            },
         },
         "http": {"results": [{"mode": "keyed", "ok": True, "jobs_per_s": 6_000.0}]},
         "scale": {
@@ -144,6 +148,8 @@ def test_every_issue_16_target_gets_its_ratio_and_verdict() -> None:
     assert one["ratio"] == pytest.approx(1.2) and one["met"] is False
     calls = rows["bulk enqueue in calls of 1,000"]
     assert calls["ratio"] == pytest.approx(1.6) and calls["met"] is True
+    keyed = rows["bulk enqueue in calls of 1,000, a new key per job (reported, no target)"]
+    assert keyed["ratio"] == pytest.approx(1.1) and keyed["met"] is None
     http = next(r for t, r in rows.items() if t.startswith("HTTP POST /jobs"))
     assert http["ratio"] == pytest.approx(6.0) and http["met"] is True
     claim = next(r for t, r in rows.items() if t.startswith("claim right after"))
