@@ -20,6 +20,7 @@ from psycopg.rows import DictRow, dict_row
 
 from deadman import AsyncClient
 from deadman.client import Client
+from deadman.errors import InvalidJob
 from tests.factories import run_async
 from tests.helpers import wait_for
 from tests.helpers.workflows import lock_waiters
@@ -159,3 +160,17 @@ def test_the_async_client_falls_back_the_same_way(client: Client, db_dsn: str) -
     assert not thread.is_alive() and "error" not in result, result.get("error")
     assert _keys_of(db_dsn, result["value"]) == ["free"]
     assert _holders(db_dsn, "held") == [held.id]
+
+
+def test_a_row_postgres_refuses_in_the_keyed_copy_stores_nothing(
+    client: Client, db_dsn: str
+) -> None:
+    """A refusal that is not a taken key (a NUL in a payload, found by the server in the
+    middle of the COPY) is the caller's error, InvalidJob, not a reason to stage: no
+    job of the batch is stored, and the client's connection goes on."""
+    jobs = [client.job("t", {"n": i}, idempotency_key=f"nul-{i}") for i in range(300)]
+    jobs[150] = client.job("t", {"text": "nul\x00byte"}, idempotency_key="nul-150")
+    with pytest.raises(InvalidJob):
+        client.enqueue_many(jobs)
+    assert not any(_holders(db_dsn, f"nul-{i}") for i in (0, 149, 150, 299))
+    assert len(client.enqueue_many(jobs[:150])) == 150
