@@ -1050,15 +1050,22 @@ def _http(data: dict[str, Any], w: Any) -> None:
     if not ht.get("results"):
         w(f"FAILED: {ht.get('error')}\n")
         return
+    reps = int(ht.get("reps", 1))
     w(
         f"Server: {ht['server']}; {ht['clients']} client threads (unless the row says "
-        f"more), each with one keep-alive connection, {ht['seconds']:g} s per mode.\n"
+        f"more), each with one keep-alive connection, {ht['seconds']:g} s per mode"
+        + (
+            f" and round; {reps} rounds, every other one in reverse order, each row its "
+            "mode's median round (every round's jobs/s beside it).\n"
+            if reps > 1
+            else ".\n"
+        )
     )
     w(
-        "| mode | jobs/s | requests/s | acknowledged | non-201 | mean group commit "
-        "| each acked job stored once |"
+        "| mode | jobs/s | rounds (jobs/s) | requests/s | acknowledged | non-201 "
+        "| mean group commit | each acked job stored once |"
     )
-    w("|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|")
     for r in ht["results"]:
         v = r["verify"]
         ok = (
@@ -1069,8 +1076,9 @@ def _http(data: dict[str, Any], w: Any) -> None:
             f"{v['non_201_codes']})"
         )
         group = r.get("mean_group")
+        rounds = ", ".join(_f(x) for x in r.get("rounds_jobs_per_s", [r["jobs_per_s"]]))
         w(
-            f"| {r['label']} | {_f(r['jobs_per_s'])} | {_f(r['requests_per_s'])} | "
+            f"| {r['label']} | {_f(r['jobs_per_s'])} | {rounds} | {_f(r['requests_per_s'])} | "
             f"{r['acknowledged']:,} | {r['non_201']} | {'n/a' if group is None else group} "
             f"| {ok} |"
         )
