@@ -215,8 +215,11 @@ def _advance(steps: Steps[R], rows: Rows | None) -> Step | _Done[R]:
 
 
 def _refuse(steps: Steps[R], exc: psycopg.Error) -> Step | _Done[R]:
-    """The plan's next step after its tentative step was refused with ``exc``."""
+    """The plan's next step after its tentative step was refused with ``exc`` (a plan
+    that lets the refusal out raises the server's error, as an untentative step's)."""
     try:
         return steps.throw(Refused(exc))
     except StopIteration as done:
         return _Done(done.value)
+    except Refused as refused:
+        raise refused.cause from None

@@ -20,7 +20,9 @@ from psycopg.rows import DictRow, dict_row
 
 from deadman import AsyncClient
 from deadman.client import Client
-from deadman.errors import InvalidJob
+from deadman.errors import DuplicateKey, InvalidJob
+from deadman.store import NewJob, plans
+from deadman.store.plan import Copy, Plan, Query, Refused, Steps, run_sync
 from tests.factories import run_async
 from tests.helpers import wait_for
 from tests.helpers.workflows import lock_waiters
@@ -174,3 +176,34 @@ def test_a_row_postgres_refuses_in_the_keyed_copy_stores_nothing(
         client.enqueue_many(jobs)
     assert not any(_holders(db_dsn, f"nul-{i}") for i in (0, 149, 150, 299))
     assert len(client.enqueue_many(jobs[:150])) == 150
+
+
+def test_a_tentative_step_rolls_back_to_its_savepoint_and_the_plan_decides(
+    db_dsn: str,
+) -> None:
+    """The driver's side, on a COPY refused by a key twice in its own rows: a plan that
+    catches Refused goes on in the same transaction (its next statement runs, its
+    result is returned); one that does not gets the server's error, as an untentative
+    step would (DuplicateKey), and nothing is stored either way."""
+    jobs = [NewJob("t", idempotency_key="twice"), NewJob("t", idempotency_key="twice")]
+
+    def copy_twice(catch: bool) -> Steps[str]:
+        (row,) = yield Query("job_ids_reserve", {"n": 2, "queues": ["default"]})
+        rows = plans._direct_keyed(row["ids"], jobs, 5)
+        try:
+            yield Copy("job_copy_direct_keyed", rows, tentative=True)
+        except Refused as refused:
+            if not catch:
+                raise
+            assert refused.constraint == plans.IDEMPOTENCY_KEY_INDEX
+            (now,) = yield Query("db_now", {})
+            return f"refused, then read the clock at {now['now']:%Y}"
+        return "copied"
+
+    with psycopg.connect(db_dsn) as conn:
+        said = run_sync(conn, Plan(lambda: copy_twice(catch=True), atomic=True))
+        assert said.startswith("refused, then read the clock")
+        with pytest.raises(DuplicateKey):
+            run_sync(conn, Plan(lambda: copy_twice(catch=False), atomic=True))
+        conn.rollback()
+    assert _holders(db_dsn, "twice") == []
