@@ -23,7 +23,9 @@ shapes taken in turn, and ``Client.enqueue_many``:
   so building the jobs is timed too (as ``make bench``'s bulk phase times it); one
   such call follows each bulk_1000 call.
 - **bulk_1000_keyed**: ``enqueue_many`` of 1,000 jobs, each with a new idempotency
-  key, built before the timing; one such call follows each bulk_1000_built call.
+  key, built before the timing; one such call follows each bulk_1000_built call;
+- **bulk_1000_keyed_built**: the same, the jobs built inside the timed call (as
+  ``make bench``'s keyed bulk builds them); one such call follows each keyed one.
 
 No worker runs: this is the caller's side alone (``bench.run``'s latency phase has the
 enqueue → handler path). Raw results: ``bench/results/enqueue-ab-<time>.json``.
@@ -38,7 +40,15 @@ from typing import Any
 from bench.ab import paired_ratio, rep_order, run_driver, side_arguments, two_sides
 from bench.common import median, write_results
 
-SHAPES = ("handed", "queued", "in_tx", "bulk_1000", "bulk_1000_built", "bulk_1000_keyed")
+SHAPES = (
+    "handed",
+    "queued",
+    "in_tx",
+    "bulk_1000",
+    "bulk_1000_built",
+    "bulk_1000_keyed",
+    "bulk_1000_keyed_built",
+)
 
 # Run inside the side's tree: its own package, its own statements.
 DRIVER = """
@@ -90,7 +100,7 @@ with Client(dsn) as client:
             admin.execute(QUERIES["job_adopt"], {"worker": PARK["worker"], "job_id": job.id})
         if i >= 30:
             times[shape].append(took * 1000)
-    bulk, built, keyed = [], [], []
+    bulk, built, keyed, keyed_built = [], [], [], []
     for rep in range(bulk_calls):
         jobs = [client.job("ab.job", {"i": j}, queue="ab") for j in range(1000)]
         t = time.perf_counter()
@@ -104,10 +114,16 @@ with Client(dsn) as client:
         t = time.perf_counter()
         assert len(client.enqueue_many(jobs)) == 1000
         keyed.append(1000 / (time.perf_counter() - t))
+        t = time.perf_counter()
+        assert len(client.enqueue_many(
+            client.job("ab.job", {"i": j}, queue="ab", idempotency_key=f"ab-built-{rep}-{j}")
+            for j in range(1000))) == 1000
+        keyed_built.append(1000 / (time.perf_counter() - t))
 out = {shape: round(statistics.median(v), 4) for shape, v in times.items()}
 out["bulk_1000"] = round(statistics.median(bulk[2:]), 1)
 out["bulk_1000_built"] = round(statistics.median(built[2:]), 1)
 out["bulk_1000_keyed"] = round(statistics.median(keyed[2:]), 1)
+out["bulk_1000_keyed_built"] = round(statistics.median(keyed_built[2:]), 1)
 print(json.dumps(out))
 """
 

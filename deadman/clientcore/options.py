@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from deadman import tracing
+from deadman.bounds import KEY_MAX_LEN
 from deadman.model import Backoff, Job
 from deadman.spec import BatchJobSpec, KeyedName, SpecError, validate
 from deadman.store import NewJob
@@ -80,12 +81,15 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
     type and value (``True`` is not ``1``, ``1.0`` is not ``1``: the spec refuses what
     it does not take as given). Only options whose checked form depends on their value
     alone are remembered: not timestamps (a time zone is an object with behaviour),
-    keys, dependencies. Refusals are never remembered. DECISIONS 64."""
+    dependencies. An idempotency key, different for every job, is not part of what is
+    remembered: a plain one (printable ASCII, 1-255 characters: one the spec takes as
+    given) is set on the remembered job; any other goes through the whole check.
+    Refusals are never remembered. DECISIONS 64, 93."""
     key = _remembered_key(type, options)
     if key is not None:
         checked = _CHECKED.get(key)
         if checked is not None:
-            return traced(_with_payload(checked, payload))
+            return traced(_with_payload(checked, payload, options.get("idempotency_key")))
     body: dict[str, Any] = {"type": type, "payload": payload}
     for name, value in options.items():
         if value is None:
@@ -102,23 +106,25 @@ def new_job(type: str, payload: Any, options: JobOptions) -> NewJob:
     if key is not None:
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()
-        _CHECKED[key] = replace(job, payload=None)
+        _CHECKED[key] = replace(job, payload=None, idempotency_key=None)
     return traced(job)
 
 
-def _with_payload(checked: NewJob, payload: Any) -> NewJob:
-    """A copy of the remembered ``checked`` job with ``payload``: its fields copied as
-    a dict, set on a bare instance (0.3 µs; ``dataclasses.replace`` runs
-    ``__init__``, and ``__dict__.update`` on the new instance takes 0.5)."""
+def _with_payload(checked: NewJob, payload: Any, idempotency_key: str | None = None) -> NewJob:
+    """A copy of the remembered ``checked`` job with ``payload`` and ``idempotency_key``:
+    its fields copied as a dict, set on a bare instance (0.3 µs; ``dataclasses.replace``
+    runs ``__init__``, and ``__dict__.update`` on the new instance takes 0.5)."""
     fields = checked.__dict__.copy()
     fields["payload"] = payload
+    fields["idempotency_key"] = idempotency_key
     job: NewJob = object.__new__(NewJob)
     object.__setattr__(job, "__dict__", fields)
     return job
 
 
 def _remembered_key(type_: Any, options: JobOptions) -> tuple[Any, ...] | None:
-    """The key new_job remembers a checked job by; None: not to be remembered."""
+    """The key new_job remembers a checked job by; None: not to be remembered. An
+    idempotency key is left out of it when it is plain (see new_job)."""
     if type(type_) is not str:
         return None
     if not options:
@@ -126,10 +132,24 @@ def _remembered_key(type_: Any, options: JobOptions) -> tuple[Any, ...] | None:
     key: list[Any] = [type_]
     for name, value in options.items():
         kind = type(value)
+        if name == "idempotency_key" and (value is None or _plain_key(value)):
+            continue
         if name not in _REMEMBERED_OPTIONS or kind not in _REMEMBERED_TYPES:
             return None
         key += (name, kind, value)
     return tuple(key)
+
+
+def _plain_key(value: Any) -> bool:
+    """An idempotency key the spec takes as given (``Key``: 1-255 characters, none a
+    control character), of the kind that needs no other look: a str of printable
+    ASCII. Any other value, good or bad, is left to the spec."""
+    return (
+        type(value) is str
+        and 0 < len(value) <= KEY_MAX_LEN
+        and value.isascii()
+        and value.isprintable()
+    )
 
 
 def traced(job: NewJob) -> NewJob:

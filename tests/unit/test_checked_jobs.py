@@ -28,9 +28,22 @@ SCALARS = st.one_of(
     st.sampled_from(["default", "q", "", "bad queue", "x" * 200]),
     st.timedeltas(min_value=timedelta(days=-2), max_value=timedelta(days=400)),
 )
-OPTIONS = st.dictionaries(
-    st.sampled_from(sorted(opts._REMEMBERED_OPTIONS - {"backoff"})), SCALARS, max_size=4
+#: idempotency keys: plain ones (set on a remembered job), refused ones, and ones the
+#: spec takes that are not plain (non-ASCII): those are checked every time
+KEYS = st.one_of(
+    st.none(),
+    st.sampled_from(["k", "order-1", "a b", "~!", "", "x" * 255, "x" * 256, "a\nb", "a\x7fb"]),
+    st.sampled_from(["\x00", "é", "k\u2028", "\t"]),
+    st.text(max_size=6),
+    st.integers(),
 )
+OPTIONS = st.tuples(
+    st.dictionaries(
+        st.sampled_from(sorted(opts._REMEMBERED_OPTIONS - {"backoff"})), SCALARS, max_size=4
+    ),
+    st.booleans(),
+    KEYS,
+).map(lambda t: {**t[0], "idempotency_key": t[2]} if t[1] else t[0])
 PAYLOADS = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers()))
 
 
@@ -114,18 +127,35 @@ def test_the_remembered_job_carries_its_own_payload_and_no_one_elses() -> None:
 
 
 def test_options_with_behaviour_or_per_job_values_are_checked_every_time() -> None:
-    """Timestamps (their time zone is code), keys and dependencies: never remembered."""
+    """Timestamps (their time zone is code), dependencies, and keys that are not plain
+    (not printable ASCII, or refused): never remembered."""
     at = datetime(2031, 1, 1, tzinfo=UTC)
     for options in (
         {"run_at": at},
         {"start_by": at},
         {"deadline": at},
-        {"idempotency_key": "k"},
+        {"idempotency_key": "é"},
+        {"idempotency_key": "a\nb"},
+        {"idempotency_key": ""},
         {"depends_on": [1]},
         {"queue": ["not", "hashable"]},
     ):
         answer("noop", None, options)
     assert not opts._CHECKED
+
+
+def test_a_plain_key_is_set_on_the_remembered_job_not_remembered_with_it() -> None:
+    """Bulk enqueue with a key per job (DECISIONS 93): the options are checked once,
+    each job gets its own key, and what is remembered holds none."""
+    jobs = [
+        opts.new_job("noop", {"n": i}, {"queue": "q", "idempotency_key": f"k-{i}"})
+        for i in range(3)
+    ]
+    assert [j.idempotency_key for j in jobs] == ["k-0", "k-1", "k-2"]
+    assert len(opts._CHECKED) == 1
+    assert opts._CHECKED[next(iter(opts._CHECKED))].idempotency_key is None
+    assert jobs[2] == checked("noop", {"n": 2}, {"queue": "q", "idempotency_key": "k-2"})
+    assert opts.new_job("noop", None, {"queue": "q"}).idempotency_key is None
 
 
 def test_what_is_remembered_stays_bounded() -> None:
