@@ -67,3 +67,73 @@ def test_one_jobs_hash_is_what_it_was() -> None:
     assert job.request_hash() == hashlib.sha256(raw.encode()).hexdigest()
     # the value before the encoder was kept (computed at 327b0e0)
     assert job.request_hash() == "16d8eb64168e3279fa44e0b7b971b53856def76cb4b57efbc8146a38a5aa1383"
+
+
+def _reference(job: NewJob) -> str:
+    """request_hash as it was written before the JSON around the payload was kept
+    (DECISIONS 93): the whole body through json.dumps, every time."""
+    body: dict[str, Any] = {
+        "type": job.type,
+        "payload": job.payload,
+        "queue": job.queue,
+        "priority": job.priority,
+        "run_at": job.run_at.astimezone(UTC).isoformat() if job.run_at else None,
+        "delay_ms": job.delay_ms,
+        "max_attempts": job.max_attempts,
+        "backoff": job.backoff.to_json(),
+        "timeout_ms": job.timeout_ms,
+    }
+    if job.depends_on:
+        body["depends_on"] = list(job.depends_on)
+    for name in ("start_by", "deadline"):
+        value = getattr(job, name)
+        if value is not None:
+            body[name] = value.astimezone(UTC).isoformat()
+    if job.heartbeat_timeout_ms is not None:
+        body["heartbeat_timeout_ms"] = job.heartbeat_timeout_ms
+    if job.limit_key is not None:
+        body["limit_key"] = job.limit_key
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+_WHEN = st.one_of(
+    st.none(),
+    st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=-5))])),
+)
+_INT = st.one_of(st.none(), st.integers(min_value=0, max_value=10**6), st.booleans())
+_JOBS = st.builds(
+    NewJob,
+    type=st.sampled_from(["t", "pay.card", "é"]),
+    payload=_JSON,
+    queue=st.sampled_from(["default", "q", "z" * 3]),
+    priority=st.one_of(st.integers(min_value=-5, max_value=5), st.booleans()),
+    run_at=_WHEN,
+    delay_ms=st.sampled_from([0, 1, 500]),
+    max_attempts=_INT,
+    backoff=st.sampled_from(
+        [Backoff(), Backoff(strategy="fixed", base_ms=500, max_ms=9000, jitter="none")]
+    ),
+    timeout_ms=_INT,
+    idempotency_key=st.sampled_from([None, "k", "other"]),
+    depends_on=st.sampled_from([(), (1,), (3, 2)]),
+    start_by=_WHEN,
+    deadline=_WHEN,
+    heartbeat_timeout_ms=_INT,
+    limit_key=st.sampled_from([None, "acct:1", "a"]),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(_JOBS, min_size=1, max_size=6), st.lists(_JSON, min_size=1, max_size=3))
+def test_the_hash_is_the_whole_bodys_whatever_was_hashed_before(
+    jobs: list[NewJob], payloads: list[Any]
+) -> None:
+    """Jobs in a row, and the same jobs again with other payloads (what a bulk enqueue
+    hashes: the JSON around the payload is found, not made): each hash is the one the
+    whole body gives, for any fields (``True`` beside ``1``, time zones, dependencies)."""
+    for job in jobs:
+        assert job.request_hash() == _reference(job)
+        for payload in payloads:
+            again = NewJob(**{**job.__dict__, "payload": payload})
+            assert again.request_hash() == _reference(again)
