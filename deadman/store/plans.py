@@ -114,7 +114,7 @@ def _job_insert_many(jobs: Sequence[NewJob], default_max_attempts: int) -> Steps
                 ids.append(made.id)
         return ids
     if all(_copies_direct(j) for j in jobs):
-        queues = sorted({j.queue for j in jobs})
+        queues = _queues(jobs)
         reserved = yield Query("job_ids_reserve", {"n": len(jobs), "queues": queues})
         ids = [int(i) for i in reserved[0]["ids"]]
         yield Copy("job_copy_direct", _direct(ids, jobs, default_max_attempts))
@@ -136,7 +136,7 @@ def _copy_keyed(
     """The keyed COPY (DECISIONS 92): the new ids, or None when a key is taken, seen by
     the look-up or met by the COPY (which is then rolled back to its savepoint, the
     caller's transaction going on): the batch must be staged."""
-    queues = sorted({j.queue for j in jobs})
+    queues = _queues(jobs)
     lines = "\n".join(keys)
     reserved = yield Query(
         "job_ids_reserve_keyed", {"n": len(jobs), "queues": queues, "keys": lines}
@@ -179,7 +179,12 @@ def _keys_direct(jobs: Sequence[NewJob]) -> list[str] | None:
     distinct = {str(j.idempotency_key) for j in jobs}
     if len(distinct) != len(jobs) or any("\n" in k for k in distinct):
         return None
-    return sorted(distinct)
+    return list(distinct)  # the look-up takes them in any order; the COPY sorts its rows
+
+
+def _queues(jobs: Sequence[NewJob]) -> list[str]:
+    """The batch's queues, each once, in order: what its reservation wakes."""
+    return sorted({j.queue for j in jobs})
 
 
 def _direct_keyed(
