@@ -1,6 +1,7 @@
 """Shared fixtures: one Postgres server per session, one migrated template database,
 and a fresh copy of it for every test (``CREATE DATABASE ... TEMPLATE``: isolated and
-much faster than migrating per test).
+much faster than migrating per test), made ahead and dropped after by a thread
+(tests/helpers/database_pool.py).
 
 Set ``DEADMAN_TEST_DATABASE_URL`` to use an existing server; its database is only used
 to create and drop others, so the role needs CREATEDB. ``DEADMAN_TEST_BACKEND=
@@ -12,7 +13,6 @@ at the end.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from deadman import devdb
-from tests.helpers import pg_backend
+from tests.helpers import database_pool, pg_backend
 
 _SERVER_ENV = "DEADMAN_TEST_DATABASE_URL"
 
@@ -35,25 +35,12 @@ def _admin_execute(server_dsn: str, query: sql.Composed) -> None:
 def _create_database(server_dsn: str, name: str, template: str) -> str:
     # Pass template0 for a clean database: template1 on a shared server may carry
     # someone's extensions or tables.
-    _admin_execute(
-        server_dsn,
-        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template)
-        ),
-    )
+    _admin_execute(server_dsn, database_pool.create_statement(name, template))
     return make_conninfo(server_dsn, dbname=name)
 
 
 def _drop_database(server_dsn: str, name: str) -> None:
-    # FORCE: a test that leaked a connection must not leak its database too.
-    _admin_execute(
-        server_dsn,
-        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
-    )
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _admin_execute(server_dsn, database_pool.drop_statement(name))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,7 +95,7 @@ def template_db(pg_server_dsn: str) -> Iterator[str]:
     # run while the migration code is broken or absent.
     from deadman.db.migrate import migrate
 
-    name = _unique("deadman_tpl")
+    name = database_pool.unique_name("deadman_tpl")
     dsn = _create_database(pg_server_dsn, name, template="template0")
     try:
         migrate(dsn)
@@ -124,21 +111,30 @@ def template_db(pg_server_dsn: str) -> Iterator[str]:
         _drop_database(pg_server_dsn, name)
 
 
-@pytest.fixture
-def db_dsn(pg_server_dsn: str, template_db: str) -> Iterator[str]:
-    """DSN of a fresh, migrated database of this test's own; dropped afterwards."""
-    name = _unique("test")
-    dsn = _create_database(pg_server_dsn, name, template=template_db)
+@pytest.fixture(scope="session")
+def test_databases(pg_server_dsn: str, template_db: str) -> Iterator[database_pool.DatabasePool]:
+    """Copies of the template made ahead of the tests that take them (``db_dsn``)."""
+    pool = database_pool.DatabasePool(pg_server_dsn, template_db)
     try:
-        yield dsn
+        yield pool
     finally:
-        _drop_database(pg_server_dsn, name)
+        pool.close()
+
+
+@pytest.fixture
+def db_dsn(pg_server_dsn: str, test_databases: database_pool.DatabasePool) -> Iterator[str]:
+    """DSN of a fresh, migrated database of this test's own; dropped afterwards."""
+    name = test_databases.take()
+    try:
+        yield make_conninfo(pg_server_dsn, dbname=name)
+    finally:
+        test_databases.give_back(name)
 
 
 @pytest.fixture
 def empty_db_dsn(pg_server_dsn: str) -> Iterator[str]:
     """DSN of a fresh database with no Deadman schema, for migration tests."""
-    name = _unique("test_empty")
+    name = database_pool.unique_name("test_empty")
     dsn = _create_database(pg_server_dsn, name, template="template0")
     try:
         yield dsn
