@@ -351,7 +351,8 @@ class Executor:
                 bound.warning("handler_raised_after_commit", error=safe_repr(exc))
                 return None
             if held.abort is Abort.LEASE_LOST:
-                self._abandoned(held, bound)
+                # Not a refusal by the fence (that is LeaseLost, above): say what it was.
+                self._abandoned(held, bound, error=safe_repr(exc))
                 return None
             # Even when we suspect the lease is gone, report: the fence decides.
             return failure(job, ctx.lease_token, describe(exc), AttemptOutcome.FAILED)
@@ -371,11 +372,14 @@ class Executor:
             job.id, ctx.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=stored
         )
 
-    def _abandoned(self, held: Held, bound: Any, result: Any = None) -> None:
+    def _abandoned(
+        self, held: Held, bound: Any, result: Any = None, error: str | None = None
+    ) -> None:
         """The handler ended after we gave its lease up: write nothing (see the module
-        docstring); the lease lapses and the rescuer hands the job on."""
+        docstring); the lease lapses and the rescuer hands the job on. ``error``: what
+        it raised, if it raised (a commit cut off by the server, say)."""
         close_awaitable(result)
-        bound.warning("job_abandoned_lease_lost", handler_returned=True)
+        bound.warning("job_abandoned_lease_lost", handler_returned=True, error=error)
 
     def _evidence(self, ctx: JobContext, action: str) -> None:
         """Record a refused or given-up write, in a task of its own (best effort)."""

@@ -28,6 +28,7 @@ from tests.helpers.processes import (
     db_now,
     install_transition_log,
     job_row,
+    process_state,
     sql_all,
     sql_value,
     states_of,
@@ -49,6 +50,9 @@ pytestmark = pytest.mark.slow
 TAKEOVER_DEADLINE_S = TTL_S + RESCUE_S + 2 * LATE_S
 #: How long the jobs of the kill test run.
 JOB_MS = 2000
+#: how long the zombie's handler sleeps before its transaction: the slack the test has
+#: to freeze it mid-sleep after seeing it hold the job
+ZOMBIE_SLEEP_MS = 3000
 JOB_S = JOB_MS / 1000
 
 
@@ -132,12 +136,26 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     zombie = spawn_worker(db_dsn, name="zombie")
     zombie_id = wait_registered(db_dsn, zombie.pid)
     with Client(db_dsn) as client:
-        # Sync handler: sleeps 1.5 s in a thread, then writes its effect inside
+        # Sync handler: sleeps in a thread, then writes its effect inside
         # ctx.transaction(). Frozen mid-sleep, the zombie wakes up with the write to do.
-        job = client.enqueue("side-effect", {"sleep_ms": 1500})
+        job = client.enqueue("side-effect", {"sleep_ms": ZOMBIE_SLEEP_MS})
     zombie_token = wait_held(db_dsn, job.id, zombie_id)
     zombie.send(signal.SIGSTOP)
     stopped = time.monotonic()
+    wait_for(lambda: process_state(zombie.pid) == "T", 5, message="the zombie to stop")
+    # The test's premise: frozen before its sleep ended. Stopped inside the transaction
+    # instead (a loaded box, 1 run in 5 with a 1.5 s sleep), its session is ended by the
+    # server's idle limit, and the late write fails without reaching the fence.
+    since_claim = sql_value(
+        db_dsn,
+        "SELECT extract(epoch FROM clock_timestamp() - started_at)::float8"
+        " FROM deadman.jobs WHERE id = %s",
+        (job.id,),
+    )
+    assert since_claim < ZOMBIE_SLEEP_MS / 1000, (
+        f"the zombie was frozen {since_claim:.2f} s after its claim: its handler may be"
+        " past its sleep, and this test no longer tests a late fenced write"
+    )
 
     # Started after the freeze, so only a rescue can hand it the job.
     other = spawn_worker(db_dsn, name="other")
@@ -157,19 +175,23 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     zombie.send(signal.SIGCONT)
     resumed = time.monotonic()
     # Its handler thread wakes up and tries to commit effect + completion: refused.
-    refusal = wait_for(
-        lambda: (
-            sql_all(
-                db_dsn,
-                "SELECT * FROM deadman.lease_refusals WHERE job_id = %s AND worker = %s"
-                " AND action = 'transaction'",
-                (job.id, zombie_id),
-            )
-            or None
-        ),
-        10,
-        message="the zombie's transaction to be refused and recorded",
-    )
+    try:
+        refusal = wait_for(
+            lambda: (
+                sql_all(
+                    db_dsn,
+                    "SELECT * FROM deadman.lease_refusals WHERE job_id = %s AND worker = %s"
+                    " AND action = 'transaction'",
+                    (job.id, zombie_id),
+                )
+                or None
+            ),
+            10,
+            message="the zombie's transaction to be refused and recorded",
+        )
+    except AssertionError as exc:
+        logged = [e for e in zombie.events() if e.get("job_id") == job.id]
+        raise AssertionError(f"{exc}; the zombie's log for the job: {logged}") from None
     print(f"zombie: late write refused {time.monotonic() - resumed:.2f}s after CONT")
     assert [r["lease_token"] for r in refusal] == [zombie_token]
     refusals = sql_all(

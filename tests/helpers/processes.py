@@ -381,14 +381,19 @@ def wait_held(dsn: str, job_id: int, worker_id: str, timeout: float = 10.0) -> i
     return token
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+def process_state(pid: int) -> str | None:
+    """The process's state letter (R, S, T for stopped, Z...); None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             # the state letter follows the parenthesised command name
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError):
-        return False
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z")
 
 
 def parent_pid(pid: int) -> int | None:

@@ -24,10 +24,11 @@ import psycopg
 import pytest
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from structlog.testing import capture_logs
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
-from deadman.errors import DatabaseUnavailable
+from deadman.errors import DatabaseUnavailable, LeaseLost
 from deadman.model import AttemptOutcome, Job, JobState
 from deadman.registry import Registry
 from deadman.store import AsyncConn, ClaimParams, Finish, SyncStore
@@ -505,19 +506,7 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
             completer_task = asyncio.create_task(completer.run())
             inflight = Inflight()
             with ThreadPoolExecutor(max_workers=2) as threads:
-                executor = Executor(
-                    registry=handlers,
-                    store=store,
-                    handler_pool=store.pool,
-                    sync_store=SyncStore(),
-                    sync_pool=_no_sync_pool,
-                    completer=completer,
-                    inflight=inflight,
-                    slots=Slots(2),
-                    worker_id="w1",
-                    trust_s=60.0,
-                    threads=threads,
-                )
+                executor = _executor(store, completer, inflight, threads)
                 sent = time.monotonic()
                 (job,) = await store.job_claim(
                     ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
@@ -543,6 +532,94 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
 
 def _no_sync_pool() -> Any:
     raise AssertionError("not used here")
+
+
+def _executor(
+    store: Any, completer: Completer, inflight: Inflight, threads: ThreadPoolExecutor
+) -> Executor:
+    return Executor(
+        registry=handlers,
+        store=store,
+        handler_pool=store.pool,
+        sync_store=SyncStore(),
+        sync_pool=_no_sync_pool,
+        completer=completer,
+        inflight=inflight,
+        slots=Slots(2),
+        worker_id="w1",
+        trust_s=60.0,
+        threads=threads,
+    )
+
+
+#: what l.refused_late needs from the test that runs it: the loop and the executor
+_late: dict[str, Any] = {}
+
+
+@handlers.handler("l.late")
+def late(job: Job, ctx: JobContext) -> None:
+    """Ends the moment the worker gives its lease up (the abort reaches the loop just
+    before the thread's outcome does): refused by the fence, or cut off by the server."""
+    loop, executor = _late["loop"], _late["executor"]
+    loop.call_soon_threadsafe(executor.abort, job.id, Abort.LEASE_LOST)
+    if job.payload.get("refused"):
+        raise LeaseLost(f"job {job.id}: lease {ctx.lease_token} is gone")
+    raise psycopg.OperationalError("terminating connection due to idle-in-transaction timeout")
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused-by-the-fence", "cut-off"])
+def test_a_write_that_ends_as_the_lease_is_given_up_is_told_apart(
+    db_dsn: str, refused: bool
+) -> None:
+    """What a woken zombie's ctx.transaction() ends in, as the worker gives its lease up
+    (tests/acceptance/test_faults.py): a refusal by the fence is recorded as evidence
+    ('transaction'); a write that failed otherwise (its session ended by the server's
+    idle limit while the process was frozen) is not a refusal, and its error is logged.
+    Either way nothing is written: the lease lapses and the rescuer hands the job on."""
+    with connect(db_dsn) as conn:
+        job_id = insert_job(conn, type="l.late", payload={"refused": refused}).id
+
+    async def main() -> None:
+        async with async_store(db_dsn) as store:
+            completer = Completer(store, "w1")
+            completer_task = asyncio.create_task(completer.run())
+            inflight = Inflight()
+            with ThreadPoolExecutor(max_workers=2) as threads:
+                executor = _executor(store, completer, inflight, threads)
+                _late.update(loop=asyncio.get_running_loop(), executor=executor)
+                (job,) = await store.job_claim(
+                    ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
+                )
+                executor.start(job, time.monotonic())
+                # Evidence is written by tasks of their own, after the job's ended.
+                await wait_for_async(
+                    lambda: inflight.get(job_id) is None, 10, message="the job's task to end"
+                )
+                while executor.tasks:
+                    await asyncio.wait(executor.tasks, timeout=10)
+            completer.stop()
+            await asyncio.wait_for(completer_task, 10)
+
+    try:
+        with capture_logs() as logged:
+            run_async(main)
+    finally:
+        _late.clear()
+    with connect(db_dsn) as conn:
+        refusals = conn.execute(
+            "SELECT action, job_id FROM deadman.lease_refusals ORDER BY id"
+        ).fetchall()
+        row = job_row(conn, job_id)
+        attempts = attempt_rows(conn, job_id)
+    actions = sorted(r["action"] for r in refusals if r["job_id"] == job_id)
+    events = {e["event"]: e for e in logged if e.get("job_id") == job_id}
+    if refused:
+        assert actions == ["abandoned", "transaction"]
+        assert events["stale_write_refused"]["action"] == "transaction"
+    else:
+        assert actions == ["abandoned"]
+        assert "idle-in-transaction" in events["job_abandoned_lease_lost"]["error"]
+    assert (row["state"], row["result"], attempts) == ("running", None, [])
 
 
 def heartbeat_down(conn: psycopg.Connection[DictRow]) -> None:
