@@ -14,6 +14,7 @@ import pytest
 
 from deadman.client import Client
 from deadman.model import Backoff
+from deadman.store.leases import FINISH_IDLE_MS
 from tests.helpers import wait_for
 from tests.helpers.processes import (
     LATE_S,
@@ -217,6 +218,114 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     # The zombie recovered: it still works and shuts down cleanly.
     with Client(db_dsn) as client:
         ids = [client.enqueue("side-effect").id for _ in range(10)]
+    wait_all_state(db_dsn, ids, "succeeded", timeout=10)
+    zombie.send(signal.SIGTERM)
+    assert zombie.wait_exit(10) == 0
+
+
+#: Makes one worker's fenced completion of a job slow (test database only): its
+#: backend sleeps inside job_finish_many, so the test can freeze the worker between
+#: that statement and its COMMIT.
+SLOW_FINISH_SQL = """
+CREATE TABLE public.slow_finish (worker text PRIMARY KEY);
+CREATE FUNCTION public.slow_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM public.slow_finish WHERE worker = OLD.lease_worker) THEN
+        PERFORM pg_sleep(%(sleep_s)s);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER slow_finish AFTER UPDATE OF state ON deadman.jobs
+    FOR EACH ROW WHEN (NEW.state = 'succeeded') EXECUTE FUNCTION public.slow_finish();
+"""
+#: how long the slowed completion sleeps on the server
+SLOW_FINISH_S = 3.0
+
+
+def test_a_worker_frozen_before_its_commit_does_not_keep_the_job(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """A worker frozen (SIGSTOP: a VM pause, a partition) after its fenced completion
+    inside ctx.transaction() but before the COMMIT holds the job's row lock, and the
+    rescuer's SKIP LOCKED passes over a locked row. The completion sets the session's
+    idle-in-transaction limit (tx_idle_limit, FINISH_IDLE_MS): the server ends the
+    frozen session, its effect and completion roll back, and the job is handed on.
+    Woken, the worker's COMMIT fails; one effect survives, the other worker's."""
+    zombie = spawn_worker(db_dsn, name="zombie")
+    zombie_id = wait_registered(db_dsn, zombie.pid)
+    sql_all(db_dsn, SLOW_FINISH_SQL % {"sleep_s": SLOW_FINISH_S})
+    sql_all(db_dsn, "INSERT INTO public.slow_finish VALUES (%s)", (zombie_id,))
+    with Client(db_dsn) as client:
+        job = client.enqueue("side-effect")
+    # Its backend sleeps inside the completion: the fence has passed, the COMMIT is next.
+    (backend,) = wait_for(
+        lambda: (
+            sql_all(
+                db_dsn,
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event = 'PgSleep'",
+            )
+            or None
+        ),
+        10,
+        interval=0.005,
+        message="the zombie's completion to sleep",
+    )
+    zombie.send(signal.SIGSTOP)
+    stopped = time.monotonic()
+    wait_for(lambda: process_state(zombie.pid) == "T", 5, message="the zombie to stop")
+    assert (
+        sql_value(
+            db_dsn, "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (backend["pid"],)
+        )
+        == "PgSleep"
+    ), "the zombie was frozen after its completion had finished sleeping"
+
+    other = spawn_worker(db_dsn, name="other")
+    other_id = wait_registered(db_dsn, other.pid)
+    # The server ends the frozen session FINISH_IDLE_MS after the completion returned;
+    # until then the row is locked and no rescue can take it.
+    deadline = SLOW_FINISH_S + FINISH_IDLE_MS / 1000 + TAKEOVER_DEADLINE_S
+    row = wait_state(db_dsn, job.id, "succeeded", timeout=deadline)
+    took = time.monotonic() - stopped
+    print(f"frozen before commit: job finished by the other worker {took:.2f}s after STOP")
+    assert (
+        sql_value(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (backend["pid"],))
+        == 0
+    ), "the frozen session should have been ended by the server"
+    lost, won = attempts_of(db_dsn, job.id)
+    assert (lost["outcome"], lost["worker"]) == ("lease_expired", zombie_id)
+    assert (won["outcome"], won["worker"]) == ("succeeded", other_id)
+    assert [e["lease_token"] for e in effects_of(db_dsn, job.id)] == [won["lease_token"]]
+
+    zombie.send(signal.SIGCONT)
+    # Its COMMIT meets a closed session: the handler raises, and the worker either
+    # abandons the attempt (the lease it no longer trusts) or reports a failure that
+    # the fence refuses. Either way nothing is written.
+    outcome = wait_for(
+        lambda: next(
+            (
+                e
+                for e in zombie.events()
+                if e.get("job_id") == job.id
+                and e["event"] in ("job_abandoned_lease_lost", "stale_write_refused")
+            ),
+            None,
+        ),
+        10,
+        message="the woken zombie to give the job up",
+    )
+    print(f"frozen before commit: the zombie's verdict {outcome}")
+    assert [e["lease_token"] for e in effects_of(db_dsn, job.id)] == [won["lease_token"]]
+    assert job_row(db_dsn, job.id)["state"] == "succeeded"
+    assert job_row(db_dsn, job.id)["finished_at"] == row["finished_at"]
+    assert len(attempts_of(db_dsn, job.id)) == 2
+
+    # The zombie recovered: its handler connections work again, and it stops cleanly.
+    other.send(signal.SIGTERM)
+    assert other.wait_exit(10) == 0
+    with Client(db_dsn) as client:
+        ids = [client.enqueue("side-effect").id for _ in range(5)]
     wait_all_state(db_dsn, ids, "succeeded", timeout=10)
     zombie.send(signal.SIGTERM)
     assert zombie.wait_exit(10) == 0
