@@ -15,8 +15,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -501,26 +502,14 @@ def test_an_attempt_aborted_over_its_lease_writes_nothing(db_dsn: str) -> None:
         job_id = insert_job(conn, type="l.cooperative").id
 
     async def main() -> None:
-        async with async_store(db_dsn) as store:
-            completer = Completer(store, "w1")
-            completer_task = asyncio.create_task(completer.run())
-            inflight = Inflight()
-            with ThreadPoolExecutor(max_workers=2) as threads:
-                executor = _executor(store, completer, inflight, threads)
-                sent = time.monotonic()
-                (job,) = await store.job_claim(
-                    ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
-                )
-                executor.start(job, sent)
-                await wait_for_async(
-                    lambda: (held := inflight.get(job_id)) is not None and held.thread is not None,
-                    10,
-                    message="the handler's thread to start",
-                )
-                executor.abort(job_id, Abort.LEASE_LOST)
-                await asyncio.wait(executor.tasks, timeout=10)
-            completer.stop()
-            await asyncio.wait_for(completer_task, 10)
+        async with _one_job_running(db_dsn) as (executor, inflight):
+            await wait_for_async(
+                lambda: (held := inflight.get(job_id)) is not None and held.thread is not None,
+                10,
+                message="the handler's thread to start",
+            )
+            executor.abort(job_id, Abort.LEASE_LOST)
+            await asyncio.wait(executor.tasks, timeout=10)
 
     run_async(main)
     assert returned.is_set(), "the handler did not return"
@@ -534,22 +523,41 @@ def _no_sync_pool() -> Any:
     raise AssertionError("not used here")
 
 
-def _executor(
-    store: Any, completer: Completer, inflight: Inflight, threads: ThreadPoolExecutor
-) -> Executor:
-    return Executor(
-        registry=handlers,
-        store=store,
-        handler_pool=store.pool,
-        sync_store=SyncStore(),
-        sync_pool=_no_sync_pool,
-        completer=completer,
-        inflight=inflight,
-        slots=Slots(2),
-        worker_id="w1",
-        trust_s=60.0,
-        threads=threads,
-    )
+@asynccontextmanager
+async def _one_job_running(
+    db_dsn: str, before_start: Callable[..., None] | None = None
+) -> AsyncIterator[tuple[Executor, Inflight]]:
+    """An Executor of this module's handlers (with its completer, no producer) that has
+    claimed the one job in the database and started it; ``before_start(loop=...,
+    executor=...)`` runs first. The completer stops when the block ends."""
+    async with async_store(db_dsn) as store:
+        completer = Completer(store, "w1")
+        completer_task = asyncio.create_task(completer.run())
+        inflight = Inflight()
+        with ThreadPoolExecutor(max_workers=2) as threads:
+            executor = Executor(
+                registry=handlers,
+                store=store,
+                handler_pool=store.pool,
+                sync_store=SyncStore(),
+                sync_pool=_no_sync_pool,
+                completer=completer,
+                inflight=inflight,
+                slots=Slots(2),
+                worker_id="w1",
+                trust_s=60.0,
+                threads=threads,
+            )
+            if before_start is not None:
+                before_start(loop=asyncio.get_running_loop(), executor=executor)
+            sent = time.monotonic()
+            (job,) = await store.job_claim(
+                ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
+            )
+            executor.start(job, sent)
+            yield executor, inflight
+        completer.stop()
+        await asyncio.wait_for(completer_task, 10)
 
 
 #: what l.refused_late needs from the test that runs it: the loop and the executor
@@ -580,25 +588,13 @@ def test_a_write_that_ends_as_the_lease_is_given_up_is_told_apart(
         job_id = insert_job(conn, type="l.late", payload={"refused": refused}).id
 
     async def main() -> None:
-        async with async_store(db_dsn) as store:
-            completer = Completer(store, "w1")
-            completer_task = asyncio.create_task(completer.run())
-            inflight = Inflight()
-            with ThreadPoolExecutor(max_workers=2) as threads:
-                executor = _executor(store, completer, inflight, threads)
-                _late.update(loop=asyncio.get_running_loop(), executor=executor)
-                (job,) = await store.job_claim(
-                    ClaimParams(queue="default", worker="w1", limit=1, ttl_ms=60_000)
-                )
-                executor.start(job, time.monotonic())
-                # Evidence is written by tasks of their own, after the job's ended.
-                await wait_for_async(
-                    lambda: inflight.get(job_id) is None, 10, message="the job's task to end"
-                )
-                while executor.tasks:
-                    await asyncio.wait(executor.tasks, timeout=10)
-            completer.stop()
-            await asyncio.wait_for(completer_task, 10)
+        async with _one_job_running(db_dsn, before_start=_late.update) as (executor, inflight):
+            # Evidence is written by tasks of their own, after the job's ended.
+            await wait_for_async(
+                lambda: inflight.get(job_id) is None, 10, message="the job's task to end"
+            )
+            while executor.tasks:
+                await asyncio.wait(executor.tasks, timeout=10)
 
     try:
         with capture_logs() as logged:
