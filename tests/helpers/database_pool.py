@@ -126,16 +126,23 @@ class DatabasePool:
             with self._cond:
                 self._to_drop.remove(dropping)
             return True
-        name = unique_name(self._prefix)
+        # A new name for every try: a try whose reply was lost may have made its
+        # database after all (a restart at its commit), and is dropped, never leaked.
+        tried: list[str] = []
+
+        def create(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+            tried.append(unique_name(self._prefix))
+            conn.execute(create_statement(tried[-1], self._template))
+
         try:
-            self._retrying(lambda conn: conn.execute(create_statement(name, self._template)))
+            self._retrying(create)
         except BaseException:
-            # It may exist after all (the reply was lost); never leak it.
             with self._cond:
-                self._to_drop.append(name)
+                self._to_drop.extend(tried)
             raise
         with self._cond:
-            self._ready.append(name)
+            self._ready.append(tried.pop())
+            self._to_drop.extend(tried)
             self._cond.notify_all()
         return True
 
