@@ -136,8 +136,11 @@ FULL = Plan(
     bulk_n=20_000,
     reps=3,
     burn_n=20_000,
-    deadman_grid=[(p, c) for p in (1, 2) for c in (10, 50, 200, 500)],
-    pgqueuer_grid=[(1, 10), (1, 100), (2, 100)],
+    # Both grids go past where each system's throughput stopped rising in a wider
+    # scratch sweep (DECISIONS 95): Deadman to 2,000 slots, pgqueuer to batches of
+    # 3,000 (its best there was 2 x 1,000; 2 x 100 was the old grid's edge).
+    deadman_grid=[(p, c) for p in (1, 2) for c in (10, 50, 200, 500, 1000, 2000)],
+    pgqueuer_grid=[(1, 10), (1, 100), (2, 100), (2, 300), (2, 1000), (2, 3000)],
     procrastinate_grid=[(1, 10), (2, 50)],
     procrastinate_n=5_000,
     rate=200,
