@@ -69,6 +69,7 @@ class DatabasePool:
         self._ready: list[str] = []
         self._to_drop: list[str] = []
         self._closed = False
+        self._draining = False
         self._error: BaseException | None = None
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._thread = threading.Thread(target=self._run, name="test-database-pool", daemon=True)
@@ -92,25 +93,48 @@ class DatabasePool:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Stop the thread, then drop every database it made or was given back."""
+        """Stop the thread, which first drops every database it made or was given back;
+        PoolStopped if some could not be dropped."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
-        leftovers, self._ready, self._to_drop = self._ready + self._to_drop, [], []
-        for name in leftovers:
-            self._retrying(_drop(name))
         if self._conn is not None:
             self._conn.close()
+        left = self._ready + self._to_drop
+        if left:
+            raise PoolStopped(f"test databases not dropped: {left}") from self._error
 
     def _run(self) -> None:
         try:
             while self._work_one():
                 pass
         except BaseException as exc:  # anything at all: take() must not wait on a dead thread
+            self._stopped_by(exc)
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed)
+        try:
+            self._drain()
+        except BaseException as exc:
+            self._stopped_by(exc)
+
+    def _stopped_by(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """After close(): drop what is ready and what was given back."""
+        self._draining = True
+        while True:
             with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+                pending = self._ready or self._to_drop
+                if not pending:
+                    return
+                name = pending[0]
+            self._retrying(_drop(name))
+            with self._cond:
+                pending.remove(name)
 
     def _work_one(self) -> bool:
         with self._cond:
@@ -148,9 +172,8 @@ class DatabasePool:
 
     def _retrying(self, statement: _Statement) -> None:
         """Run ``statement``, on a new connection after a failure, until it works or
-        ``give_up_after`` passes. On the pool's thread, close() ends the tries."""
+        ``give_up_after`` passes; on the pool's thread only."""
         deadline = time.monotonic() + self._give_up_after
-        on_thread = threading.current_thread() is self._thread
         while True:
             try:
                 if self._conn is None or self._conn.closed:
@@ -163,9 +186,7 @@ class DatabasePool:
                     self._conn = None
                 if time.monotonic() >= deadline:
                     raise
-            if not on_thread:
-                time.sleep(_RETRY_PAUSE)
-                continue
             with self._cond:
-                if self._cond.wait_for(lambda: self._closed, _RETRY_PAUSE):
+                # A pause between tries, which close() cuts short (but not its drain's).
+                if self._cond.wait_for(lambda: self._closed and not self._draining, _RETRY_PAUSE):
                     raise PoolStopped("closed while retrying")

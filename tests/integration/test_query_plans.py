@@ -7,7 +7,7 @@ job. The real SQL from QUERIES is EXPLAINed with the parameters the store sends.
 
 from __future__ import annotations
 
-import time
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +21,7 @@ from deadman.db.queries import QUERIES, numbered
 from deadman.model import AttemptOutcome, JobState
 from deadman.store import Finish, HeartbeatParams, finish_params, heartbeat_params
 from tests.factories import connect, insert_job
+from tests.helpers import wait_for
 from tests.helpers.plans import (
     SEED,
     explain,
@@ -354,20 +355,20 @@ def test_batched_renewals_settle_into_hot_updates(db_dsn: str) -> None:
         for _ in range(50):
             insert_job(setup, state="running")
     rounds: list[tuple[int, int]] = []
-    deadline = time.monotonic() + 10
     with connect(db_dsn, autocommit=False) as conn:
         leases = _running_leases(conn, 50)
         conn.commit()
-        while True:
+
+        def all_hot() -> bool:
             updated0, hot0 = _xact_updates(conn)
             assert _renew(conn, leases) == 50
             updated1, hot1 = _xact_updates(conn)
             conn.commit()
             rounds.append((updated1 - updated0, hot1 - hot0))
-            if rounds[-1] == (50, 50) or time.monotonic() > deadline:
-                break
-            if len(rounds) >= 3:
-                time.sleep(0.05)  # a poll's interval, inside the deadline
+            return rounds[-1] == (50, 50)
+
+        with contextlib.suppress(AssertionError):  # the verdict is asserted below
+            wait_for(all_hot, 10, interval=0.05, message="a round of renewals all HOT")
         holders = conn.execute(
             "SELECT pid, backend_type, state, backend_xmin::text, left(query, 60) AS query"
             " FROM pg_stat_activity WHERE datname = current_database()"
