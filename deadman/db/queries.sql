@@ -380,12 +380,17 @@ SELECT EXISTS (
 -- that claim comes back empty, as before.
 -- `wait`: how long an idle producer should sleep, so that it wakes exactly when it
 -- must instead of at its poll: the next not-yet-due job of the queue becomes due,
--- or a rate token frees for a key with due jobs in the queue (the oldest start in
--- its window leaves it at its stamp + per_ms). Not sooner than 10 ms (the least gap
--- between empty claims, EMPTY_CLAIM_GAP_S): a token that freed between the claim
--- and this look is taken then, and nothing claims faster than that on it. A key at
--- its concurrency waits for a finish (and the poll), not for a token. NULL: nothing
--- to wait for but a NOTIFY or the poll.
+-- or a rate token frees for a key with a job the keyed claim would take (when its
+-- rate_count-th newest start leaves the window: its stamp + per_ms). Not sooner than
+-- 10 ms (the least gap between empty claims, EMPTY_CLAIM_GAP_S). A token that freed
+-- in the last second counts too, and means "claim again in 10 ms" (DECISIONS 96): a
+-- producer's timer can fire a little early, its claim then finds the window still
+-- full, and by this look the token is free; the look used to say NULL then, and the
+-- producer slept its whole poll with a token free and a job due. A token free for
+-- longer than that did not hold this claim back (a row another transaction held did,
+-- and its holder wakes the queue: DECISIONS 63). A key at its concurrency, or in a
+-- paused queue, waits for a finish or a resume (and the poll), not for a token.
+-- NULL: nothing to wait for but a NOTIFY or the poll.
 -- Every look is ordered as its claim index is, so that every plan reads that index:
 -- unordered, a generic plan made on a table never analyzed read the queue's listing
 -- index, which holds every finished job too, and walked all of them at each idle
@@ -422,20 +427,28 @@ SELECT NOT EXISTS (SELECT 1 FROM deadman.queues q WHERE q.name = %(queue)s AND q
                   AND state IN ('queued', 'scheduled', 'retrying')
                   AND run_at > now()
                 ORDER BY limit_key, priority DESC, run_at, id OFFSET 0) k),
-           (SELECT min(GREATEST(f.first + l.rate_per_ms::bigint * interval '1 millisecond',
-                                now() + interval '10 milliseconds'))  -- no key: NULL
+           (SELECT min(GREATEST(f.frees, now() + interval '10 milliseconds'))  -- no key: NULL
             FROM deadman.limits l
             CROSS JOIN LATERAL (
-                SELECT min(at) AS first FROM deadman.limit_starts
-                WHERE key = l.key AND at > now() - l.rate_per_ms::bigint * interval '1 millisecond'
+                -- a token frees when the rate_count-th newest start leaves the window
+                SELECT s.at + l.rate_per_ms::bigint * interval '1 millisecond' AS frees
+                FROM deadman.limit_starts s
+                WHERE s.key = l.key
+                ORDER BY s.at DESC
+                OFFSET l.rate_count - 1 LIMIT 1
             ) f
             WHERE l.rate_count IS NOT NULL
-              AND f.first IS NOT NULL
+              AND f.frees > now() - interval '1 second'  -- to come, or just freed
+              AND NOT EXISTS (SELECT 1 FROM deadman.queues q
+                              WHERE q.name = %(queue)s AND q.paused)
               AND (l.concurrency IS NULL OR deadman.limit_running(l.key) < l.concurrency)
-              AND EXISTS (SELECT 1 FROM deadman.jobs k
+              AND EXISTS (SELECT 1 FROM deadman.jobs k  -- one the keyed claim would take
                           WHERE k.queue = %(queue)s AND k.limit_key = l.key
                             AND k.state IN ('queued', 'scheduled', 'retrying')
-                            AND k.run_at <= now()))
+                            AND k.run_at <= now()
+                            AND k.rescues < %(quarantine_at)s
+                            AND (k.start_by IS NULL OR k.start_by > now())
+                            AND (k.deadline IS NULL OR k.deadline > now())))
        ) - now() AS wait;
 
 -- name: job_finish_many

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -255,6 +255,137 @@ def test_an_idle_producer_wakes_when_a_rate_token_frees(db_dsn: str, client: Cli
         conn.execute("DELETE FROM deadman.jobs WHERE limit_key = 'r' AND state = 'queued'")
         client.set_limit("r", rate=(2, timedelta(seconds=30)))
         assert _left(conn) == (False, None)  # nothing due behind the limit
+
+
+def _window_starts(conn: psycopg.Connection[Any], key: str) -> int:
+    """The starts of ``key`` still inside its rate window, by the database's clock."""
+    row = conn.execute(
+        "SELECT count(*) AS n FROM deadman.limit_starts s JOIN deadman.limits l USING (key)"
+        " WHERE s.key = %s AND s.at > now() - l.rate_per_ms * interval '1 millisecond'",
+        (key,),
+    ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def _wait_until_window_holds(conn: psycopg.Connection[Any], key: str, n: int) -> None:
+    wait_for(lambda: _window_starts(conn, key) <= n, 10, message=f"window of {key} to hold {n}")
+
+
+def test_a_token_that_frees_after_an_empty_claim_is_waited_for_briefly_not_for_the_poll(
+    db_dsn: str, client: Client
+) -> None:
+    """The race behind a rate-limited queue falling behind by a poll (DECISIONS 96): a
+    producer's timer fires a little early, its claim finds the window still full and
+    takes nothing, and by the look after it (job_claim_left) the window's starts have
+    left it. The look must then say "claim again in 10 ms", not "nothing to wait
+    for", which meant sleeping the whole poll with a token free and a job due."""
+    client.set_limit("r", rate=(2, timedelta(milliseconds=400)))
+    for _ in range(3):
+        client.enqueue("t", queue="lim", limit_key="r")
+    with connect(db_dsn) as conn:
+        assert len(claim(conn)) == 2 and claim(conn) == []  # the window is full
+        _wait_until_window_holds(conn, "r", 0)  # ... and then empty again
+        more, wait = _left(conn)
+        assert more
+        assert wait is not None and wait <= 0.011, wait  # a token is free now
+
+
+def test_a_freed_token_means_claim_again_only_for_a_job_the_claim_would_take(
+    db_dsn: str, client: Client
+) -> None:
+    """The "claim again in 10 ms" of a just-freed token is for a key whose job the
+    keyed claim would take: not in a paused queue, not for a quarantined job or one
+    past its start_by, and not once the token has been free for over a second (then
+    a row someone else held kept the claim empty, and its holder wakes the queue).
+    Without these, a producer would claim every 10 ms for as long as such a job
+    waits."""
+    per = timedelta(milliseconds=200)
+    client.set_limit("r", rate=(1, per))
+    job = client.enqueue("t", queue="lim", limit_key="r")
+    with connect(db_dsn) as conn:
+        assert len(claim(conn)) == 1
+        conn.execute(
+            "UPDATE deadman.jobs SET state = 'retrying', lease_token = NULL,"
+            " lease_worker = NULL, lease_expires_at = NULL WHERE id = %s",
+            (job.id,),
+        )
+        _wait_until_window_holds(conn, "r", 0)
+        assert _left(conn)[1] == 0.01  # the token just freed and the job is due
+        conn.execute(QUERIES["queue_set_paused"], {"name": "lim", "paused": True})
+        assert _left(conn)[1] is None
+        conn.execute(QUERIES["queue_set_paused"], {"name": "lim", "paused": False})
+        conn.execute("UPDATE deadman.jobs SET rescues = 5 WHERE id = %s", (job.id,))
+        assert _left(conn)[1] is None  # quarantined: claimed alone, another way
+        conn.execute(
+            "UPDATE deadman.jobs SET rescues = 0, start_by = now() WHERE id = %s", (job.id,)
+        )
+        assert _left(conn)[1] is None  # too late to start: the rescuer ends it
+        conn.execute("UPDATE deadman.jobs SET start_by = NULL WHERE id = %s", (job.id,))
+        assert _left(conn)[1] == 0.01
+        freed = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'") + per
+        late = freed + timedelta(seconds=1)
+        wait_for(lambda: _scalar(conn, "SELECT now() > %s", (late,)), 5)
+        assert _left(conn) == (True, None)  # free for over a second: not what held it
+
+
+def test_a_token_freed_by_the_oldest_start_is_not_waited_for_until_the_next_leaves(
+    db_dsn: str, client: Client
+) -> None:
+    """Two starts half a window apart at a rate of two: once the older one has left,
+    a token is free now (the look used to wait for the younger one to leave too)."""
+    per = timedelta(seconds=1)
+    client.set_limit("r", rate=(2, per))
+    for _ in range(3):
+        client.enqueue("t", queue="lim", limit_key="r")
+    with connect(db_dsn) as conn:
+        assert len(claim(conn, limit=1)) == 1
+        first = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
+        half = first + per / 2
+        wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (half,)), 5)
+        assert len(claim(conn, limit=1)) == 1
+        assert claim(conn) == []  # the window is full
+        _wait_until_window_holds(conn, "r", 1)  # the older start has left it
+        with conn.transaction():  # one now() for the look and the check after it
+            more, wait = _left(conn)
+            young = _window_starts(conn, "r")
+        assert young == 1  # the younger start is still in the window
+        assert more and wait is not None and wait <= 0.011, wait
+
+
+def test_a_window_over_a_lowered_rate_frees_when_enough_starts_have_left(
+    db_dsn: str, client: Client
+) -> None:
+    """Three starts in the window and a rate lowered to two: a token frees when the
+    second newest start leaves, not the oldest (the oldest leaving still leaves two)."""
+    per = timedelta(seconds=30)
+    client.set_limit("r", rate=(3, per))
+    for _ in range(4):
+        client.enqueue("t", queue="lim", limit_key="r")
+    apart = timedelta(milliseconds=300)
+    with connect(db_dsn) as conn:
+        for _ in range(3):
+            assert len(claim(conn, limit=1)) == 1
+            last = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
+            wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (last + apart,)), 5)
+        stamps = [
+            r["at"]
+            for r in conn.execute(
+                "SELECT at FROM deadman.limit_starts WHERE key = 'r' ORDER BY at"
+            ).fetchall()
+        ]
+        client.set_limit("r", rate=(2, per))
+        with conn.transaction():  # one now() for the look and the reference
+            now = _scalar(conn, "SELECT now()")
+            more, wait = _left(conn)
+        assert more and wait is not None
+        assert abs(wait - (stamps[1] + per - now).total_seconds()) < 0.001, (wait, stamps)
+
+
+def _scalar(conn: psycopg.Connection[Any], sql: LiteralString, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return next(iter(row.values()))
 
 
 def test_keys_take_turns_within_a_priority(db_dsn: str, client: Client) -> None:
