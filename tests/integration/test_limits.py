@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -341,8 +341,7 @@ def test_a_token_freed_by_the_oldest_start_is_not_waited_for_until_the_next_leav
     with connect(db_dsn) as conn:
         assert len(claim(conn, limit=1)) == 1
         first = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
-        half = first + per / 2
-        wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (half,)), 5)
+        _wait_for_clock(conn, first + per / 2)
         assert len(claim(conn, limit=1)) == 1
         assert claim(conn) == []  # the window is full
         _wait_until_window_holds(conn, "r", 1)  # the older start has left it
@@ -367,7 +366,7 @@ def test_a_window_over_a_lowered_rate_frees_when_enough_starts_have_left(
         for _ in range(3):
             assert len(claim(conn, limit=1)) == 1
             last = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
-            wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (last + apart,)), 5)
+            _wait_for_clock(conn, last + apart)
         stamps = [
             r["at"]
             for r in conn.execute(
@@ -380,6 +379,11 @@ def test_a_window_over_a_lowered_rate_frees_when_enough_starts_have_left(
             more, wait = _left(conn)
         assert more and wait is not None
         assert abs(wait - (stamps[1] + per - now).total_seconds()) < 0.001, (wait, stamps)
+
+
+def _wait_for_clock(conn: psycopg.Connection[Any], at: datetime) -> None:
+    """Until the database's clock has passed ``at``."""
+    wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (at,)), 5)
 
 
 def _scalar(conn: psycopg.Connection[Any], sql: LiteralString, params: tuple[Any, ...] = ()) -> Any:
