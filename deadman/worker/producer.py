@@ -361,8 +361,10 @@ class Producer(WorkerLoop):
             # back (a handed job's, once it ends); else when a handoff takes one.
             self.parking.taken.clear()
             more = self._slots.wait_given() if self.parking.short() else self.parking.taken.wait()
-            if not await _first_of(more, self._wake.wait(), remaining):
-                return  # woken, or the time is up
+            # Woken, the time up, or the oldest parked slot gone stale first: the loop
+            # ends on the first two and parks afresh on the third. Ending the wait on
+            # the third too sent an empty claim round every trust / 2 (DECISIONS 96).
+            await _first_of(more, self._wake.wait(), remaining)
 
     async def _sleep(self, seconds: float) -> None:
         if seconds <= 0 or self._wake.is_set():
