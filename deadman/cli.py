@@ -223,6 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from deadman.api import create_app
     from deadman.api.protocol import HttpProtocol
     from deadman.db.startup import check_once, redact
+    from deadman.stackdump import dump_stacks_on_sigusr1
 
     not_yet = asyncio.run(check_once(dsn, schema=True))
     if not_yet is not None:
@@ -236,6 +237,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     eventloop.loop_factory(settings.event_loop)  # uvloop asked for but missing: exit 2
     app = create_app(settings, dsn)
     gcpolicy.apply(settings.gc)
+    dump_stacks_on_sigusr1()
     try:
         uvicorn.run(
             app,

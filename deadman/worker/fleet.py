@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from deadman import logs
+from deadman.stackdump import dump_stacks_on_sigusr1
 
 log = logs.get("deadman.fleet")
 
@@ -59,6 +60,7 @@ class Fleet:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        dump_stacks_on_sigusr1()  # the supervisor's own; each child dumps its own
         for c in self.children:
             self._spawn(c)
         worst = 0

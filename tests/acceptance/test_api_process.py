@@ -215,3 +215,24 @@ def test_a_bad_event_loop_setting_stops_serve_at_start(db_dsn: str) -> None:
     assert out.returncode == 2, out
     assert "DEADMAN_EVENT_LOOP must be auto, uvloop or asyncio" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_sigusr1_dumps_the_servers_threads_and_it_keeps_serving(server: Server) -> None:
+    """``kill -USR1`` on ``deadman serve``: every thread's stack in its log, and the
+    server goes on answering (SIGUSR1 used to end it: the default action), a burst of
+    twenty signals included."""
+    server.start()
+    assert server.proc is not None
+    before = len(server.log.read_text(errors="replace"))
+    server.proc.send_signal(signal.SIGUSR1)
+    wait_for(
+        lambda: "Current thread" in server.log.read_text(errors="replace")[before:],
+        10,
+        message="the stack dump",
+    )
+    for _ in range(20):
+        server.proc.send_signal(signal.SIGUSR1)
+    r = httpx.post(server.url + "/jobs", json={"type": "noop"}, timeout=10)
+    assert r.status_code == 201, r.text
+    assert server.proc.poll() is None
+    assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)

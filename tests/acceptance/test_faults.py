@@ -193,7 +193,14 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
         )
     except AssertionError as exc:
         logged = [e for e in zombie.events() if e.get("job_id") == job.id]
-        raise AssertionError(f"{exc}; the zombie's log for the job: {logged}") from None
+        # Twice (one run in ~5 with 1.5 s; once with three pytest workers) this came
+        # with no cause in the log, the second time with no line at all after CONT:
+        # where its threads are, and whether it runs, say what the log cannot.
+        state = process_state(zombie.pid)
+        raise AssertionError(
+            f"{exc}; the zombie's log for the job: {logged}; its state: {state};"
+            f" its threads:\n{zombie.stacks() or '<no dump>'}"
+        ) from None
     print(f"zombie: late write refused {time.monotonic() - resumed:.2f}s after CONT")
     assert [r["lease_token"] for r in refusal] == [zombie_token]
     refusals = sql_all(

@@ -207,6 +207,44 @@ def test_fleet_restarts_a_killed_child_and_stops_on_sigterm(
     assert [r["pid"] for r in worker_rows(db_dsn)] == [victim]
 
 
+def test_sigusr1_dumps_every_threads_stack_and_the_worker_carries_on(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """``kill -USR1``: a worker writes every thread's stack to its log, a handler
+    asleep in its thread included, and goes on as before; so does a burst of them.
+    A fleet's supervisor dumps its own (SIGUSR1 used to end it: the default action)."""
+    worker = spawn_worker(db_dsn, concurrency=2)
+    worker_id = wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        busy = client.enqueue("side-effect", {"sleep_ms": 3000})
+        wait_for(
+            lambda: (
+                sql_value(db_dsn, "SELECT lease_worker FROM deadman.jobs WHERE id = %s", (busy.id,))
+                == worker_id
+            ),
+            10,
+            message="the worker to hold the job",
+        )
+        dump = worker.stacks()
+        assert "Current thread" in dump, dump  # the main thread, where the signal landed
+        assert "in side_effect" in dump, dump  # the handler's thread, mid-sleep
+        for _ in range(20):
+            worker.send(signal.SIGUSR1)
+        ids = [client.enqueue("noop").id for _ in range(20)]
+    wait_all_state(db_dsn, [busy.id, *ids], "succeeded", timeout=15)
+    assert worker.poll() is None
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(15) == 0
+
+    fleet = spawn_worker(db_dsn, processes=2, concurrency=2)
+    children = {r["pid"] for r in wait_workers(db_dsn, 2)}
+    assert "Current thread" in fleet.stacks()
+    assert fleet.poll() is None
+    assert {r["pid"] for r in worker_rows(db_dsn)} >= children
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait_exit(15) == 0
+
+
 def test_fleet_stopped_during_child_startup_exits_0(db_dsn: str, spawn_worker: SpawnWorker) -> None:
     # The same happens to a child the fleet has just restarted after a crash.
     fleet = spawn_worker(db_dsn, processes=2)

@@ -236,6 +236,23 @@ class Proc:
 
         return wait_for(find, timeout, interval=0.05, message=f"{self.name} to log {event}")
 
+    def stacks(self, timeout: float = 5.0) -> str:
+        """Every thread's Python stack, as the process writes it on SIGUSR1
+        (deadman.stackdump); what is left of the log from the dump on. For a process
+        that looks hung: the dump comes from the interpreter's C signal handler, so
+        a blocked event loop still answers. Empty if no dump came in ``timeout``."""
+        before = len(self.log_text())
+        self.send(signal.SIGUSR1)
+
+        def dumped() -> str | None:
+            text = self.log_text()[before:]
+            return text if "most recent call first" in text else None
+
+        try:
+            return str(wait_for(dumped, timeout, interval=0.05))
+        except AssertionError:
+            return ""
+
     def tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_text().splitlines()[-lines:])
