@@ -197,8 +197,16 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
         # with no cause in the log, the second time with no line at all after CONT:
         # where its threads are, and whether it runs, say what the log cannot.
         state = process_state(zombie.pid)
+        sessions = sql_all(
+            db_dsn,
+            "SELECT pid, application_name, state, wait_event_type, wait_event,"
+            " pg_blocking_pids(pid) AS blocked_by, left(query, 100) AS query"
+            " FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()",
+        )
         raise AssertionError(
             f"{exc}; the zombie's log for the job: {logged}; its state: {state};"
+            f" the database's sessions: {sessions};"
             f" its threads:\n{zombie.stacks() or '<no dump>'}"
         ) from None
     print(f"zombie: late write refused {time.monotonic() - resumed:.2f}s after CONT")
