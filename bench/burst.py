@@ -9,8 +9,8 @@ as a nightly batch or a backlog after an outage arrives: each rep empties the
 system's tables (and analyzes them empty, as ``make bench`` does), starts its workers
 idle, commits ``--jobs`` no-op jobs in one bulk call and times from that commit to the
 last job's completion as the database recorded it. Deadman runs ``deadman worker
---processes 2 --concurrency 500``, pgqueuer 2 processes with batch_size 100: each
-one's best setting in ``make bench``. The two take turns rep by rep on one private
+--processes 2 --concurrency 1000``, pgqueuer 2 processes with batch_size 1000: each
+one's best setting in the last ``make bench`` (its wider grids, DECISIONS 95). The two take turns rep by rep on one private
 durable cluster, which goes first alternating (as ``bench.ab``), and every run is
 verified exactly once by each system's own check. Reported per rep, not only as
 medians: the first reps after the tables were emptied are the point. procrastinate is
@@ -39,8 +39,8 @@ AB_NAME = {"before": "pgqueuer", "after": "deadman"}
 def run_one(side: str, dsn: str, n: int, logdir: Path) -> dict[str, Any]:
     """One burn-down of ``n`` jobs by ``side`` at its best setting."""
     if side == "deadman":
-        return dm.burn_down(dsn, n, 2, 500, logdir)
-    return pq.burn_down(dsn, n, 2, 100, logdir, logdir / "ready")
+        return dm.burn_down(dsn, n, 2, 1000, logdir)
+    return pq.burn_down(dsn, n, 2, 1000, logdir, logdir / "ready")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "jobs": a.jobs,
-        "settings": {"deadman": "2 processes x 500 slots", "pgqueuer": "2 proc, batch_size=100"},
+        "settings": {"deadman": "2 processes x 1000 slots", "pgqueuer": "2 proc, batch_size=1000"},
         "runs": runs,
         "median_jobs_per_s": {side: median(v) for side, v in rates.items()},
         "deadman_over_pgqueuer_rep_by_rep": [
