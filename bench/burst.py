@@ -10,11 +10,12 @@ system's tables (and analyzes them empty, as ``make bench`` does), starts its wo
 idle, commits ``--jobs`` no-op jobs in one bulk call and times from that commit to the
 last job's completion as the database recorded it. Deadman runs ``deadman worker
 --processes 2 --concurrency 1000``, pgqueuer 2 processes with batch_size 1000: each
-one's best setting in the last ``make bench`` (its wider grids, DECISIONS 95). The two take turns rep by rep on one private
-durable cluster, which goes first alternating (as ``bench.ab``), and every run is
-verified exactly once by each system's own check. Reported per rep, not only as
-medians: the first reps after the tables were emptied are the point. procrastinate is
-left out (a few hundred jobs/s here: a burst this size would take it many minutes).
+one's best setting in the last ``make bench`` (its wider grids, DECISIONS 95). The two
+take turns rep by rep on one private durable cluster, which goes first alternating
+(as ``bench.ab``), and every run is verified exactly once by each system's own check.
+Reported per rep, not only as medians: the first reps after the tables were emptied
+are the point. procrastinate is left out (a few hundred jobs/s here: a burst this size
+would take it many minutes).
 Raw results: ``bench/results/burst-<time>.json``.
 """
 
