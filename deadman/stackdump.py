@@ -1,5 +1,5 @@
-"""``kill -USR1 <pid>``: a worker or ``deadman serve`` writes every thread's Python
-stack to its stderr and carries on.
+"""``kill -USR1 <pid>``: a worker, a fleet's supervisor or ``deadman serve`` writes
+every thread's Python stack to its stderr and carries on.
 
 For a process that looks hung (no log lines, jobs not moving) when nothing else can say
 where it is: the interpreter's own fault handler writes the dump from its C signal

@@ -384,9 +384,10 @@ SELECT EXISTS (
 -- rate_count-th newest start leaves the window: its stamp + per_ms). Not sooner than
 -- 10 ms (the least gap between empty claims, EMPTY_CLAIM_GAP_S). A token that freed
 -- in the last second counts too, and means "claim again in 10 ms" (DECISIONS 96): a
--- producer's timer can fire a little early, its claim then finds the window still
--- full, and by this look the token is free; the look used to say NULL then, and the
--- producer slept its whole poll with a token free and a job due. A token free for
+-- producer whose idle wait ended just before a token freed (a wake-up, parked slots
+-- gone stale) finds the window still full, and by this look the token is free; the
+-- look used to say NULL then, and the producer slept its whole poll with a token
+-- free and a job due. A token free for
 -- longer than that did not hold this claim back (a row another transaction held did,
 -- and its holder wakes the queue: DECISIONS 63). A key at its concurrency, or in a
 -- paused queue, waits for a finish or a resume (and the poll), not for a token.
