@@ -1,7 +1,8 @@
 """Cron across a fleet of real processes: three workers, each running the scheduler
 (as every worker's maintenance services do), declare the same every-second schedule
-in code for a minute; one is SIGKILLed and started again, and Postgres is stopped
-for longer than the scheduler's grace and started again. Every tick in the span is
+in code; one is SIGKILLed and started again, and Postgres is stopped for longer
+than the scheduler's grace and started again, and the ticks go on for ten seconds
+after it is back. Every tick in the span is
 enqueued exactly once, checked against the schedule's own arithmetic (whole seconds
 since the epoch), none twice, none skipped except while Postgres was down, and those
 replaced by one (``catch_up: latest``)."""
@@ -46,13 +47,16 @@ def _down_past_the_grace(cluster: Cluster) -> tuple[datetime, datetime]:
     return down, datetime.now(UTC)
 
 
-def test_every_tick_once_for_a_minute_through_a_kill_and_a_postgres_restart(
+def test_every_tick_once_through_a_kill_and_a_postgres_restart(
     pg_cluster: Cluster | None, db_dsn: str, spawn_worker: SpawnWorker
 ) -> None:
     """Three workers, each with the scheduler, declare the same every-second schedule;
     one is SIGKILLed and started again, then Postgres is down for longer than the
-    grace. Over a minute of ticks: every tick once, none skipped, except the ones
-    missed while Postgres was down, which ``catch_up: latest`` replaces with one."""
+    grace; then ten more seconds of ticks. Every tick once, none skipped, except the
+    ones missed while Postgres was down, which ``catch_up: latest`` replaces with one.
+    (It ran a whole minute of ticks until DECISIONS 91's note: the ticks after the
+    first ten past the restart proved nothing the key per tick does not, and cost
+    ~30 s of the suite.)"""
     if pg_cluster is None:
         # a server given by DEADMAN_TEST_DATABASE_URL is not ours to stop; make test
         # always runs this on its own cluster
@@ -74,11 +78,10 @@ def test_every_tick_once_for_a_minute_through_a_kill_and_a_postgres_restart(
     wait_for(lambda: len(_ticks(db_dsn)) >= seen + 3, timeout=30, message="ticks after restart")
 
     down, up = _down_past_the_grace(pg_cluster)
-    first = _ticks(db_dsn)[0]
     wait_for(
-        lambda: _ticks(db_dsn)[-1] - first >= timedelta(seconds=60),
-        timeout=90,
-        message="a minute of ticks",
+        lambda: _ticks(db_dsn)[-1] >= up + timedelta(seconds=10),
+        timeout=60,
+        message="ten seconds of ticks after Postgres is back",
     )
     ticks = _ticks(db_dsn)
     assert len(ticks) == len(set(ticks))  # none twice
