@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from tests.helpers import wait_for
+from tests.helpers.processes import stack_dump
 
 JOBS = 150
 SERVE = [sys.executable, "-m", "deadman", "serve"]
@@ -223,13 +224,7 @@ def test_sigusr1_dumps_the_servers_threads_and_it_keeps_serving(server: Server) 
     twenty signals included."""
     server.start()
     assert server.proc is not None
-    before = len(server.log.read_text(errors="replace"))
-    server.proc.send_signal(signal.SIGUSR1)
-    wait_for(
-        lambda: "Current thread" in server.log.read_text(errors="replace")[before:],
-        10,
-        message="the stack dump",
-    )
+    assert "Current thread" in stack_dump(server.proc.pid, server.log, timeout=10)
     for _ in range(20):
         server.proc.send_signal(signal.SIGUSR1)
     r = httpx.post(server.url + "/jobs", json={"type": "noop"}, timeout=10)

@@ -24,6 +24,7 @@ from tests.helpers.processes import (
     sql_value,
     states_of,
     wait_all_state,
+    wait_held,
     wait_registered,
     wait_state,
     wait_workers,
@@ -217,14 +218,7 @@ def test_sigusr1_dumps_every_threads_stack_and_the_worker_carries_on(
     worker_id = wait_registered(db_dsn, worker.pid)
     with Client(db_dsn) as client:
         busy = client.enqueue("side-effect", {"sleep_ms": 3000})
-        wait_for(
-            lambda: (
-                sql_value(db_dsn, "SELECT lease_worker FROM deadman.jobs WHERE id = %s", (busy.id,))
-                == worker_id
-            ),
-            10,
-            message="the worker to hold the job",
-        )
+        wait_held(db_dsn, busy.id, worker_id)
         dump = worker.stacks()
         assert "Current thread" in dump, dump  # the main thread, where the signal landed
         assert "in side_effect" in dump, dump  # the handler's thread, mid-sleep

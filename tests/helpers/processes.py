@@ -237,27 +237,32 @@ class Proc:
         return wait_for(find, timeout, interval=0.05, message=f"{self.name} to log {event}")
 
     def stacks(self, timeout: float = 5.0) -> str:
-        """Every thread's Python stack, as the process writes it on SIGUSR1
-        (deadman.stackdump); what is left of the log from the dump on. For a process
-        that looks hung: the dump comes from the interpreter's C signal handler, so
-        a blocked event loop still answers. Empty if no dump came in ``timeout``."""
-        before = len(self.log_text())
-        self.send(signal.SIGUSR1)
-
-        def dumped() -> str | None:
-            text = self.log_text()[before:]
-            return text if "most recent call first" in text else None
-
-        try:
-            return str(wait_for(dumped, timeout, interval=0.05))
-        except AssertionError:
-            return ""
+        """Every thread's Python stack (:func:`stack_dump`); empty if none came."""
+        return stack_dump(self.pid, self.log_path, timeout)
 
     def tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_text().splitlines()[-lines:])
         except OSError as exc:
             return f"<no log: {exc}>"
+
+
+def stack_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
+    """Every thread's Python stack, as a Deadman process writes it to its log on SIGUSR1
+    (deadman.stackdump): the log from the dump on, or empty if no dump came within
+    ``timeout``. For a process that looks hung: the dump comes from the interpreter's
+    C signal handler, so a blocked event loop still answers."""
+    before = len(log_path.read_text(errors="replace"))
+    os.kill(pid, signal.SIGUSR1)
+
+    def dumped() -> str | None:
+        text = log_path.read_text(errors="replace")[before:]
+        return text if "most recent call first" in text else None
+
+    try:
+        return str(wait_for(dumped, timeout, interval=0.05))
+    except AssertionError:
+        return ""
 
 
 class SpawnWorker(Protocol):

@@ -272,14 +272,32 @@ def _wait_until_window_holds(conn: psycopg.Connection[Any], key: str, n: int) ->
     wait_for(lambda: _window_starts(conn, key) <= n, 10, message=f"window of {key} to hold {n}")
 
 
+def _wait_for_clock(conn: psycopg.Connection[Any], at: datetime) -> None:
+    """Until the database's clock has passed ``at``."""
+    wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (at,)), 5)
+
+
+def _scalar(conn: psycopg.Connection[Any], sql: LiteralString, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return next(iter(row.values()))
+
+
+def _last_start(conn: psycopg.Connection[Any], key: str) -> datetime:
+    """When the newest start of ``key`` was logged."""
+    at: datetime = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = %s", (key,))
+    return at
+
+
 def test_a_token_that_frees_after_an_empty_claim_is_waited_for_briefly_not_for_the_poll(
     db_dsn: str, client: Client
 ) -> None:
     """The race behind a rate-limited queue falling behind by a poll (DECISIONS 96): a
-    producer's timer fires a little early, its claim finds the window still full and
-    takes nothing, and by the look after it (job_claim_left) the window's starts have
-    left it. The look must then say "claim again in 10 ms", not "nothing to wait
-    for", which meant sleeping the whole poll with a token free and a job due."""
+    producer whose idle wait ended just before a token freed claims, finds the window
+    still full and takes nothing, and by the look after it (job_claim_left) the
+    window's starts have left it. The look must then say "claim again in 10 ms", not
+    "nothing to wait for", which meant sleeping the whole poll with a token free and a
+    job due."""
     client.set_limit("r", rate=(2, timedelta(milliseconds=400)))
     for _ in range(3):
         client.enqueue("t", queue="lim", limit_key="r")
@@ -323,9 +341,7 @@ def test_a_freed_token_means_claim_again_only_for_a_job_the_claim_would_take(
         assert _left(conn)[1] is None  # too late to start: the rescuer ends it
         conn.execute("UPDATE deadman.jobs SET start_by = NULL WHERE id = %s", (job.id,))
         assert _left(conn)[1] == 0.01
-        freed = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'") + per
-        late = freed + timedelta(seconds=1)
-        wait_for(lambda: _scalar(conn, "SELECT now() > %s", (late,)), 5)
+        _wait_for_clock(conn, _last_start(conn, "r") + per + timedelta(seconds=1))
         assert _left(conn) == (True, None)  # free for over a second: not what held it
 
 
@@ -340,8 +356,7 @@ def test_a_token_freed_by_the_oldest_start_is_not_waited_for_until_the_next_leav
         client.enqueue("t", queue="lim", limit_key="r")
     with connect(db_dsn) as conn:
         assert len(claim(conn, limit=1)) == 1
-        first = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
-        _wait_for_clock(conn, first + per / 2)
+        _wait_for_clock(conn, _last_start(conn, "r") + per / 2)
         assert len(claim(conn, limit=1)) == 1
         assert claim(conn) == []  # the window is full
         _wait_until_window_holds(conn, "r", 1)  # the older start has left it
@@ -365,8 +380,7 @@ def test_a_window_over_a_lowered_rate_frees_when_enough_starts_have_left(
     with connect(db_dsn) as conn:
         for _ in range(3):
             assert len(claim(conn, limit=1)) == 1
-            last = _scalar(conn, "SELECT max(at) FROM deadman.limit_starts WHERE key = 'r'")
-            _wait_for_clock(conn, last + apart)
+            _wait_for_clock(conn, _last_start(conn, "r") + apart)
         stamps = [
             r["at"]
             for r in conn.execute(
@@ -379,17 +393,6 @@ def test_a_window_over_a_lowered_rate_frees_when_enough_starts_have_left(
             more, wait = _left(conn)
         assert more and wait is not None
         assert abs(wait - (stamps[1] + per - now).total_seconds()) < 0.001, (wait, stamps)
-
-
-def _wait_for_clock(conn: psycopg.Connection[Any], at: datetime) -> None:
-    """Until the database's clock has passed ``at``."""
-    wait_for(lambda: _scalar(conn, "SELECT clock_timestamp() > %s", (at,)), 5)
-
-
-def _scalar(conn: psycopg.Connection[Any], sql: LiteralString, params: tuple[Any, ...] = ()) -> Any:
-    row = conn.execute(sql, params).fetchone()
-    assert row is not None
-    return next(iter(row.values()))
 
 
 def test_keys_take_turns_within_a_priority(db_dsn: str, client: Client) -> None:
