@@ -219,7 +219,14 @@ def test_sigusr1_dumps_every_threads_stack_and_the_worker_carries_on(
     with Client(db_dsn) as client:
         busy = client.enqueue("side-effect", {"sleep_ms": 3000})
         wait_held(db_dsn, busy.id, worker_id)
-        dump = worker.stacks()
+
+        # The lease can be written before the handler's thread starts (a job handed
+        # to a parked slot at enqueue): dump again until that thread is in one.
+        def with_handler() -> str | None:
+            dump = worker.stacks()
+            return dump if "in side_effect" in dump else None
+
+        dump = wait_for(with_handler, 10, message="a dump with the handler's thread")
         assert "Current thread" in dump, dump  # the main thread, where the signal landed
         assert "in side_effect" in dump, dump  # the handler's thread, mid-sleep
         for _ in range(20):
