@@ -182,3 +182,8 @@ SELECT (SELECT count(*) FROM deadman.jobs
 -- Fresh statistics before the verifier's joins (chaos.acks was loaded just now).
 ANALYZE chaos.acks, chaos.pruned_jobs, chaos.pruned_attempt_log, chaos.pruned_workflows,
         deadman.jobs, deadman.attempts, deadman.effects, deadman.chaos_invocations;
+
+-- name: handoffs_due
+-- The handoffs scenario's trickle pauses until no job is due: an enqueue hands nothing
+-- off behind an older due job (job_insert_handoff).
+SELECT COALESCE(sum(due), 0)::bigint AS due FROM deadman.queue_summary;
