@@ -1,9 +1,11 @@
 """Test databases copied from the migrated template ahead of the tests that take them,
-and dropped after them, by one thread per pytest process.
+and made fresh again or dropped after them, by one thread per pytest process.
 
-A copy costs ~31 ms and a drop ~9 ms on the test cluster, plus a connection each
-(~3 ms): about 45 ms a test, paid by ~2,100 tests. Made here, that work overlaps the
-tests themselves, which mostly wait on Postgres or on processes they spawned.
+A copy costs ~90 ms of the server's time and a drop ~8 ms on the test cluster, paid by
+~1,000 tests; made here, that work overlaps the tests themselves, which mostly wait on
+Postgres or on processes they spawned. A database given back is reset in place when
+tests/helpers/database_reset.py can prove that is as good as a new copy (DECISIONS
+98), and dropped otherwise.
 
 The thread keeps one connection and gets a new one after Postgres restarts (some tests
 restart the session's cluster). A statement that keeps failing for ``give_up_after``
@@ -19,6 +21,9 @@ from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from tests.helpers import database_reset
 
 #: connections to the server fail while a test restarts it; retried this often
 _RETRY_PAUSE = 0.2
@@ -59,6 +64,7 @@ class DatabasePool:
         ahead: int = 2,
         give_up_after: float = 120.0,
         prefix: str = "test",
+        reuse: bool = True,
     ) -> None:
         self._server_dsn = server_dsn
         self._prefix = prefix
@@ -68,6 +74,13 @@ class DatabasePool:
         self._cond = threading.Condition()
         self._ready: list[str] = []
         self._to_drop: list[str] = []
+        self._given_back: list[str] = []
+        self._reuse = reuse
+        self._baseline: database_reset.Baseline | None = None
+        #: the names databases given back were handed out again under, and how many
+        #: given back were dropped instead
+        self.reused: list[str] = []
+        self.dropped = 0
         self._closed = False
         self._draining = False
         self._error: BaseException | None = None
@@ -87,9 +100,9 @@ class DatabasePool:
             raise PoolStopped("the test database pool stopped") from self._error
 
     def give_back(self, name: str) -> None:
-        """Drop ``name`` soon; its connections are cut then (``WITH (FORCE)``)."""
+        """Reset ``name`` or drop it, soon; its connections are cut then."""
         with self._cond:
-            self._to_drop.append(name)
+            (self._given_back if self._reuse else self._to_drop).append(name)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -128,7 +141,7 @@ class DatabasePool:
         self._draining = True
         while True:
             with self._cond:
-                pending = self._ready or self._to_drop
+                pending = self._ready or self._to_drop or self._given_back
                 if not pending:
                     return
                 name = pending[0]
@@ -139,10 +152,19 @@ class DatabasePool:
     def _work_one(self) -> bool:
         with self._cond:
             self._cond.wait_for(
-                lambda: self._closed or bool(self._to_drop) or len(self._ready) < self._ahead
+                lambda: (
+                    self._closed
+                    or bool(self._given_back or self._to_drop)
+                    or len(self._ready) < self._ahead
+                )
             )
             if self._closed:
                 return False
+            given_back = self._given_back.pop(0) if self._given_back else None
+        if given_back is not None:
+            self._reuse_or_drop(given_back)
+            return True
+        with self._cond:
             # Drops first: they keep the server's count of databases bounded.
             dropping = self._to_drop[0] if self._to_drop else None
         if dropping is not None:
@@ -164,11 +186,46 @@ class DatabasePool:
             with self._cond:
                 self._to_drop.extend(tried)
             raise
+        made = tried.pop()
+        if self._reuse and self._baseline is None:
+            self._read_baseline(made)
         with self._cond:
-            self._ready.append(tried.pop())
+            self._ready.append(made)
             self._to_drop.extend(tried)
             self._cond.notify_all()
         return True
+
+    def _read_baseline(self, fresh: str) -> None:
+        """What a fresh copy holds, read from ``fresh`` before anyone has it; tried
+        again at the next copy if the server is away."""
+        try:
+            self._baseline = database_reset.Baseline.read(
+                make_conninfo(self._server_dsn, dbname=fresh)
+            )
+        except psycopg.Error:
+            self._baseline = None
+
+    def _reuse_or_drop(self, name: str) -> None:
+        """Hand ``name`` out again, fresh and under a new name, or drop it."""
+        new_name = unique_name(self._prefix)
+        try:
+            if self._baseline is None:
+                raise database_reset.NotReusable("no fresh copy has been read yet")
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._server_dsn, autocommit=True)
+            database_reset.reuse(
+                self._conn, self._server_dsn, self._baseline, self._template, name, new_name
+            )
+        except (database_reset.NotReusable, psycopg.Error):
+            for gone in (name, new_name):
+                self._retrying(_drop(gone))
+            with self._cond:
+                self.dropped += 1
+            return
+        with self._cond:
+            self.reused.append(new_name)
+            self._ready.append(new_name)
+            self._cond.notify_all()
 
     def _retrying(self, statement: _Statement) -> None:
         """Run ``statement``, on a new connection after a failure, until it works or

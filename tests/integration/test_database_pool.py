@@ -11,6 +11,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from deadman.devdb import Cluster
+from tests.factories import insert_job
 from tests.helpers import wait_for
 from tests.helpers.database_pool import DatabasePool, PoolStopped
 
@@ -137,4 +138,126 @@ def test_a_template_that_appears_late_is_copied_and_no_try_is_leaked(
         pool.close()
         with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{late}"')
+    assert _databases(pg_server_dsn) == set()
+
+
+# ------------------------------------------------------------------ reuse (DECISIONS 98)
+
+#: what a test can see of a database's state, beyond its schema
+_FINGERPRINT = """
+SELECT c.oid::regclass::text, c.relkind, pg_relation_size(c.oid), c.relpages, c.reltuples,
+       (SELECT count(*) FROM pg_statistic s WHERE s.starelid = c.oid),
+       s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_live_tup, s.n_dead_tup,
+       s.seq_scan, s.idx_scan, s.vacuum_count, s.analyze_count
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
+  AND c.relkind IN ('r', 'i', 'S', 't')
+ORDER BY 1
+"""
+
+
+def _fingerprint(server_dsn: str, name: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(make_conninfo(server_dsn, dbname=name), autocommit=True) as conn:
+        rows = conn.execute(_FINGERPRINT).fetchall()
+        sequences = conn.execute(
+            "SELECT schemaname, sequencename, last_value FROM pg_sequences ORDER BY 1, 2"
+        ).fetchall()
+    return [*rows, *sequences]
+
+
+def _use_hard(dsn: str) -> None:
+    """What tests do to their databases: rows in several tables (a job through a
+    claim and a finish, with its attempts), sequences moved, ANALYZE, VACUUM."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for state in ("queued", "running", "succeeded", "dead", "running"):
+            insert_job(conn, state=state)
+        conn.execute("INSERT INTO deadman.limits (key, concurrency) VALUES ('pool-test', 3)")
+        conn.execute("DELETE FROM deadman.jobs WHERE state = 'dead'")
+        conn.execute("ANALYZE deadman.jobs")
+        conn.execute("VACUUM deadman.limits")
+        conn.execute("SELECT nextval('deadman.lease_token_seq')")
+        conn.execute("SELECT pg_stat_force_next_flush()")
+
+
+def _handed_out_again(pool: DatabasePool, given: int, within: float = 30.0) -> None:
+    wait_for(
+        lambda: len(pool.reused) + pool.dropped >= given,
+        within,
+        interval=0.01,
+        message=f"{given} databases given back to be reused or dropped",
+    )
+
+
+def test_a_database_given_back_is_handed_out_again_as_a_fresh_copy_would_be(
+    pg_server_dsn: str, template_db: str
+) -> None:
+    fresh = f"{PREFIX}_fresh"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{fresh}" TEMPLATE "{template_db}"')
+    pool = DatabasePool(pg_server_dsn, template_db, ahead=1, prefix=PREFIX)
+    try:
+        want = _fingerprint(pg_server_dsn, fresh)
+        name = pool.take(timeout=30)
+        _use_hard(make_conninfo(pg_server_dsn, dbname=name))
+        # a session left open, and one that comes back with the old name later
+        leaked = psycopg.connect(make_conninfo(pg_server_dsn, dbname=name))
+        assert _fingerprint(pg_server_dsn, name) != want  # the check can fail
+        pool.give_back(name)
+        _handed_out_again(pool, 1)
+        assert (len(pool.reused), pool.dropped) == (1, 0)
+        with pytest.raises(psycopg.OperationalError):
+            leaked.execute("SELECT 1")
+        leaked.close()
+        with pytest.raises(psycopg.OperationalError, match="does not exist"):
+            psycopg.connect(make_conninfo(pg_server_dsn, dbname=name)).close()
+        taken = [pool.take(timeout=30)]
+        if taken[0] != pool.reused[0]:  # a copy made ahead came first
+            taken.append(pool.take(timeout=30))
+        assert taken[-1] == pool.reused[0]
+        assert _fingerprint(pg_server_dsn, taken[-1]) == want
+        for again in taken:
+            pool.give_back(again)
+    finally:
+        pool.close()
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{fresh}"')
+    assert _databases(pg_server_dsn) == set()
+
+
+#: (what a test did, SQL on its database or, with {db}, on the server; reused?)
+CHANGES = [
+    ("a table created", "CREATE TABLE public.scratch (x int)", False),
+    ("a trigger disabled", "ALTER TABLE deadman.jobs DISABLE TRIGGER USER", False),
+    ("a function replaced", "CREATE OR REPLACE FUNCTION public.f() RETURNS int"
+     " LANGUAGE sql AS 'SELECT 1'", False),
+    ("a table's setting", "ALTER TABLE deadman.jobs SET (fillfactor = 50)", False),
+    ("a row the template wrote", "DELETE FROM deadman.schema_migrations"
+     " WHERE version = (SELECT max(version) FROM deadman.schema_migrations)", False),
+    ("a database setting", 'ALTER DATABASE "{db}" SET work_mem = \'1MB\'', False),
+    ("a connection limit", 'ALTER DATABASE "{db}" CONNECTION LIMIT 5', False),
+    ("connections refused", 'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false', False),
+    ("DDL rolled back", "BEGIN; CREATE TABLE public.scratch (x int); ROLLBACK", True),
+    ("rows only", "INSERT INTO deadman.queues (name, paused) VALUES ('q', true)", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "statement", "reused"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_a_database_changed_beyond_its_rows_is_dropped_not_handed_out_again(
+    pg_server_dsn: str, template_db: str, change: str, statement: str, reused: bool
+) -> None:
+    pool = DatabasePool(pg_server_dsn, template_db, ahead=1, prefix=PREFIX)
+    try:
+        name = pool.take(timeout=30)
+        on_server = "{db}" in statement
+        target = pg_server_dsn if on_server else make_conninfo(pg_server_dsn, dbname=name)
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(statement.replace("{db}", name).encode())
+        pool.give_back(name)
+        _handed_out_again(pool, 1)
+        assert (len(pool.reused), pool.dropped) == ((1, 0) if reused else (0, 1)), change
+        assert name not in _databases(pg_server_dsn)
+    finally:
+        pool.close()
     assert _databases(pg_server_dsn) == set()
