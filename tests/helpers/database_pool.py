@@ -96,13 +96,14 @@ class DatabasePool:
             ):
                 raise PoolStopped(f"no test database made within {timeout:.0f} s")
             if self._ready:
+                self._cond.notify_all()  # the thread, waiting while enough were ready
                 return self._ready.pop(0)
             raise PoolStopped("the test database pool stopped") from self._error
 
     def give_back(self, name: str) -> None:
         """Reset ``name`` or drop it, soon; its connections are cut then."""
         with self._cond:
-            (self._given_back if self._reuse else self._to_drop).append(name)
+            self._given_back.append(name)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -197,11 +198,15 @@ class DatabasePool:
 
     def _read_baseline(self, fresh: str) -> None:
         """What a fresh copy holds, read from ``fresh`` before anyone has it; tried
-        again at the next copy if the server is away."""
+        again at the next copy if the server is away. Where no reset can work, every
+        database given back is dropped."""
         try:
             self._baseline = database_reset.Baseline.read(
                 make_conninfo(self._server_dsn, dbname=fresh)
             )
+        except database_reset.NotReusable:
+            with self._cond:
+                self._reuse = False
         except psycopg.Error:
             self._baseline = None
 
@@ -209,8 +214,8 @@ class DatabasePool:
         """Hand ``name`` out again, fresh and under a new name, or drop it."""
         new_name = unique_name(self._prefix)
         try:
-            if self._baseline is None:
-                raise database_reset.NotReusable("no fresh copy has been read yet")
+            if not self._reuse or self._baseline is None:
+                raise database_reset.NotReusable("no reuse, or no fresh copy read yet")
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(self._server_dsn, autocommit=True)
             database_reset.reuse(

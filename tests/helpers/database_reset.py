@@ -107,10 +107,17 @@ _SESSIONS_LEFT = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
 Conn = psycopg.Connection[tuple[object, ...]]
 
 
-def install_guard(conn: Conn) -> None:
+def install_guard(conn: Conn) -> bool:
     """Install the DDL recorder into the template ``conn`` is connected to, after its
-    migrations: every copy then records the DDL that commits in it."""
-    conn.execute(_GUARD.encode())
+    migrations: every copy then records the DDL that commits in it. False where the
+    role may not (an event trigger needs a superuser: a server that
+    DEADMAN_TEST_DATABASE_URL names may not give us one); copies are then never
+    reused, only dropped."""
+    try:
+        conn.execute(_GUARD.encode())  # one implicit transaction: all of it or nothing
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
 
 
 def _content_hash(conn: Conn, table: str) -> str:
@@ -142,7 +149,16 @@ class Baseline:
 
     @classmethod
     def read(cls, dsn: str) -> Baseline:
+        """NotReusable when a reset could not work on this server: no guard in the
+        copy, or a role that may not end sessions or write the catalogs it resets."""
         with psycopg.connect(dsn, autocommit=True) as conn:
+            able = conn.execute(
+                "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+                " AND to_regclass(%s) IS NOT NULL",
+                (f"{GUARD_SCHEMA}.ddl",),
+            ).fetchone()
+            if able is None or able[0] is not True:
+                raise NotReusable("no DDL guard in the template, or not a superuser")
             empty: dict[str, tuple[int, int, float]] = {}
             filled: dict[str, str] = {}
             for name, size, pages, tuples in conn.execute(_TABLES).fetchall():

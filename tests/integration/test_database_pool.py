@@ -14,6 +14,7 @@ from deadman.devdb import Cluster
 from tests.factories import insert_job
 from tests.helpers import wait_for
 from tests.helpers.database_pool import DatabasePool, PoolStopped
+from tests.helpers.database_reset import GUARD_SCHEMA
 
 #: this module's pools name their databases so; the suite's own pool works alongside
 PREFIX = "pooltest"
@@ -260,4 +261,30 @@ def test_a_database_changed_beyond_its_rows_is_dropped_not_handed_out_again(
         assert name not in _databases(pg_server_dsn)
     finally:
         pool.close()
+    assert _databases(pg_server_dsn) == set()
+
+
+def test_without_the_ddl_guard_every_database_given_back_is_dropped(
+    pg_server_dsn: str, template_db: str
+) -> None:
+    """A template without the guard (a server where we may not create event
+    triggers): nothing could prove a database unchanged, so none is reused."""
+    bare = f"{PREFIX}_bare_template"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{bare}" TEMPLATE "{template_db}"')
+    with psycopg.connect(make_conninfo(pg_server_dsn, dbname=bare), autocommit=True) as conn:
+        conn.execute(f"DROP EVENT TRIGGER {GUARD_SCHEMA}_ddl")
+        conn.execute(f"DROP SCHEMA {GUARD_SCHEMA} CASCADE")
+    pool = DatabasePool(pg_server_dsn, bare, ahead=1, prefix=PREFIX)
+    try:
+        taken = [pool.take(timeout=30) for _ in range(3)]
+        for name in taken:
+            pool.give_back(name)
+        _handed_out_again(pool, 3)
+        assert (pool.reused, pool.dropped) == ([], 3)
+        assert not set(taken) & _databases(pg_server_dsn)
+    finally:
+        pool.close()
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{bare}"')
     assert _databases(pg_server_dsn) == set()
