@@ -70,7 +70,6 @@ SELECT format('%I.%I', schemaname, sequencename), start_value, last_value
 FROM pg_sequences WHERE schemaname <> '{GUARD_SCHEMA}'
 """
 
-#: the database itself as the template made it (its owner is the template's)
 #: the planner's counts of every relation made after initdb (tables, indexes, TOAST):
 #: TRUNCATE leaves an index at 0 pages and -1 tuples where a fresh copy has 1 and 0
 _RELSTATS = """
@@ -89,6 +88,7 @@ WHERE c.oid = b.oid
       IS DISTINCT FROM (b.pages, b.tuples, b.allvisible)
 """
 
+#: the database itself as the template made it (its owner is the template's)
 _DATABASE_UNCHANGED = """
 SELECT d.datallowconn AND d.datconnlimit = -1
    AND d.datdba = (SELECT t.datdba FROM pg_database t WHERE t.datname = %(template)s)
@@ -271,6 +271,8 @@ def _reset(conn: Conn, baseline: Baseline) -> None:
             if _content_hash(conn, table) != digest:
                 raise NotReusable(f"{table} no longer holds what the template put there")
         truncate = baseline.to_truncate(written)
+        if set(truncate) & set(baseline.filled):
+            raise NotReusable("a table the template filled is tied to one that was written")
         if truncate:
             conn.execute(
                 sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(sql.SQL(t) for t in truncate))
