@@ -11,8 +11,11 @@ nothing is installed.
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 
 def dump_stacks_on_sigusr1() -> bool:
@@ -25,3 +28,27 @@ def dump_stacks_on_sigusr1() -> bool:
     except (AttributeError, OSError, ValueError, RuntimeError):
         return False  # stderr without a file descriptor (a test runner's capture)
     return True
+
+
+def request_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
+    """Ask the Deadman process ``pid``, whose stderr goes to ``log_path``, for its
+    stacks: what it wrote there from the request on, once the dump is in it; empty if
+    none came within ``timeout`` (or the process is gone)."""
+    try:
+        before = log_path.stat().st_size
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        return ""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with log_path.open("rb") as log:
+                log.seek(before)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return ""
+        if "most recent call first" in text:
+            return text
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(0.05)

@@ -44,7 +44,7 @@ def _drop_database(server_dsn: str, name: str) -> None:
     _admin_execute(server_dsn, database_pool.drop_statement(name))
 
 
-#: the harness's process runs, started first (DECISIONS 98)
+#: the harness's process runs, started first (DECISIONS 100)
 _FIRST = "tests/chaos/test_chaos.py::"
 
 

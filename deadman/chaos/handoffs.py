@@ -53,7 +53,7 @@ MIN_HANDED = 1
 #: job is queued, the next is queued too whenever waking a worker and its claim take
 #: longer than the 10 ms between jobs: on a loaded box that chain can last the whole
 #: phase (0 of 2,245 attempts handed off beside a busy test suite; on an idle box,
-#: 400 jobs/s handed off 4 of 1,500 and 1,000 jobs/s none). The gap breaks it.
+#: 342 jobs/s handed off 4 of 1,500 and 397 jobs/s none). The gap breaks it.
 GAP_EVERY = 50
 GAP_MAX_S = 2.0
 

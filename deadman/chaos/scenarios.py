@@ -102,12 +102,7 @@ def _cut_off(
         while True:
             got = _holding(ctx, slot)
             if got is None or time.monotonic() > deadline:
-                left = (ctx.db.row("progress") or {}).get("outstanding")
-                return {
-                    "ok": False,
-                    "reason": f"the chosen worker never held a lease ({left} jobs were "
-                    "left: too few --jobs for the episodes to find work?)",
-                }
+                return _never_held(ctx, slot)
             pid, worker, held = got
             with ctx.lock:
                 # A kill may have replaced the process between the look and now: cut
@@ -148,6 +143,21 @@ def _cut_off(
         }
     finally:
         ctx.protected.discard(slot)
+
+
+def _never_held(ctx: Context, slot: int) -> dict[str, Any]:
+    """The episode's verdict when its worker never held a lease: with the jobs left,
+    whether that worker registered, and its stacks (it may be stuck, not idle)."""
+    left = (ctx.db.row("progress") or {}).get("outstanding")
+    pid = ctx.pool.pids().get(slot)
+    registered = None if pid is None else ctx.db.value("worker_id_of_pid", {"pid": pid})
+    return {
+        "ok": False,
+        "reason": f"the chosen worker never held a lease ({left} jobs were left: too few "
+        f"--jobs for the episodes to find work?; its process {pid}, registered as "
+        f"{registered})",
+        "stacks": "" if pid is None else ctx.pool.stacks(slot)[-8000:],
+    }
 
 
 def _count(ctx: Context, name: LiteralString, worker: str) -> int:

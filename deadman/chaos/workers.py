@@ -22,6 +22,8 @@ from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
+from deadman.stackdump import request_dump
+
 APP = "deadman.chaos.app:registry"
 
 
@@ -115,6 +117,14 @@ class WorkerPool:
         slot.proc.wait(timeout=10)
         self.kills += 1
         return slot.proc.pid
+
+    def stacks(self, index: int, timeout: float = 5.0) -> str:
+        """The slot's process's every thread's stack (deadman.stackdump), as it wrote
+        them to its log; empty if it is gone or wrote none within ``timeout``."""
+        slot = self.slots[index]
+        if slot.proc is None or slot.proc.poll() is not None or slot.log_path is None:
+            return ""
+        return request_dump(slot.proc.pid, slot.log_path, timeout)
 
     def pause(self, index: int) -> int | None:
         slot = self.slots[index]

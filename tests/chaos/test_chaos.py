@@ -60,8 +60,16 @@ def chaos(
     return proc.returncode, json.loads(report.read_text()), out
 
 
-def failed(report: dict[str, Any]) -> list[str]:
-    return [f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["passed"]]
+def failed(report: dict[str, Any]) -> str:
+    """The failed checks, then each failed episode with the stacks of the worker it
+    waited on, if it took them (deadman/chaos/scenarios.py)."""
+    lines = [f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["passed"]]
+    for name, seen in report.get("episodes", {}).items():
+        if seen.get("ok") is False:
+            lines.append(f"episode {name}: {seen.get('reason') or seen.get('error')}")
+            if seen.get("stacks"):
+                lines.append(f"its worker's stacks:\n{seen['stacks']}")
+    return "\n".join(lines)
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 import psycopg
 from psycopg.rows import dict_row
 
+from deadman.stackdump import request_dump
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,17 +253,7 @@ def stack_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
     (deadman.stackdump): the log from the dump on, or empty if no dump came within
     ``timeout``. For a process that looks hung: the dump comes from the interpreter's
     C signal handler, so a blocked event loop still answers."""
-    before = len(log_path.read_text(errors="replace"))
-    os.kill(pid, signal.SIGUSR1)
-
-    def dumped() -> str | None:
-        text = log_path.read_text(errors="replace")[before:]
-        return text if "most recent call first" in text else None
-
-    try:
-        return str(wait_for(dumped, timeout, interval=0.05))
-    except AssertionError:
-        return ""
+    return request_dump(pid, log_path, timeout)
 
 
 class SpawnWorker(Protocol):

@@ -37,6 +37,11 @@ def _wait_gone(server_dsn: str, names: set[str], within: float = 30.0) -> None:
     )
 
 
+def _on_server(server_dsn: str, statement: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(statement.encode())
+
+
 def _has_schema(server_dsn: str, name: str) -> bool:
     with psycopg.connect(make_conninfo(server_dsn, dbname=name)) as conn:
         row = conn.execute("SELECT to_regclass('deadman.jobs') IS NOT NULL").fetchone()
@@ -130,15 +135,13 @@ def test_a_template_that_appears_late_is_copied_and_no_try_is_leaked(
     try:
         # The pool's first tries fail (no such template) and are retried under new
         # names; the template then appears.
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{late}" TEMPLATE "{template_db}"')
+        _on_server(pg_server_dsn, f'CREATE DATABASE "{late}" TEMPLATE "{template_db}"')
         taken = pool.take(timeout=30)
         assert _has_schema(pg_server_dsn, taken)
         pool.give_back(taken)
     finally:
         pool.close()
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{late}"')
+        _on_server(pg_server_dsn, f'DROP DATABASE IF EXISTS "{late}"')
     assert _databases(pg_server_dsn) == set()
 
 
@@ -195,8 +198,7 @@ def test_a_database_given_back_is_handed_out_again_as_a_fresh_copy_would_be(
     pg_server_dsn: str, template_db: str
 ) -> None:
     fresh = f"{PREFIX}_fresh"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{fresh}" TEMPLATE "{template_db}"')
+    _on_server(pg_server_dsn, f'CREATE DATABASE "{fresh}" TEMPLATE "{template_db}"')
     pool = DatabasePool(pg_server_dsn, template_db, ahead=1, prefix=PREFIX)
     try:
         want = _fingerprint(pg_server_dsn, fresh)
@@ -222,8 +224,7 @@ def test_a_database_given_back_is_handed_out_again_as_a_fresh_copy_would_be(
             pool.give_back(again)
     finally:
         pool.close()
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{fresh}"')
+        _on_server(pg_server_dsn, f'DROP DATABASE IF EXISTS "{fresh}"')
     assert _databases(pg_server_dsn) == set()
 
 
@@ -270,8 +271,7 @@ def test_without_the_ddl_guard_every_database_given_back_is_dropped(
     """A template without the guard (a server where we may not create event
     triggers): nothing could prove a database unchanged, so none is reused."""
     bare = f"{PREFIX}_bare_template"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{bare}" TEMPLATE "{template_db}"')
+    _on_server(pg_server_dsn, f'CREATE DATABASE "{bare}" TEMPLATE "{template_db}"')
     with psycopg.connect(make_conninfo(pg_server_dsn, dbname=bare), autocommit=True) as conn:
         conn.execute(f"DROP EVENT TRIGGER {GUARD_SCHEMA}_ddl")
         conn.execute(f"DROP SCHEMA {GUARD_SCHEMA} CASCADE")
@@ -285,6 +285,5 @@ def test_without_the_ddl_guard_every_database_given_back_is_dropped(
         assert not set(taken) & _databases(pg_server_dsn)
     finally:
         pool.close()
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{bare}"')
+        _on_server(pg_server_dsn, f'DROP DATABASE IF EXISTS "{bare}"')
     assert _databases(pg_server_dsn) == set()
