@@ -92,7 +92,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from deadman.registry import Registry, load_registry
+    from deadman.stackdump import dump_stacks_on_sigusr1
 
+    # from here on, SIGUSR1 dumps stacks: a worker stuck waiting for its database
+    # answers too (the Worker installs it again, for embedders)
+    dump_stacks_on_sigusr1()
     settings = _settings(args)
     dsn = _dsn(settings)
     if args.metrics_port and args.metrics_port + args.processes - 1 > 65535:

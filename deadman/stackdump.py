@@ -33,10 +33,14 @@ def dump_stacks_on_sigusr1() -> bool:
 def request_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
     """Ask the Deadman process ``pid``, whose stderr goes to ``log_path``, for its
     stacks: what it wrote there from the request on, once the dump is in it; empty if
-    none came within ``timeout`` (or the process is gone)."""
+    none came within ``timeout`` (or the process is gone, or there is no SIGUSR1).
+    A process still importing has not installed the dump yet, and SIGUSR1 ends it."""
+    sig = getattr(signal, "SIGUSR1", None)
+    if sig is None:
+        return ""
     try:
         before = log_path.stat().st_size
-        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, sig)
     except OSError:
         return ""
     deadline = time.monotonic() + timeout

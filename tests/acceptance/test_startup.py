@@ -315,6 +315,21 @@ def test_sigterm_during_the_wait_exits_0_at_once(command: str, _spawner: Spawner
     _assert_clean_log(proc)
 
 
+def test_a_worker_waiting_for_its_database_dumps_its_stacks_and_waits_on(
+    _spawner: Spawner,
+) -> None:
+    """SIGUSR1 during the start-up wait (DECISIONS 97's addendum): the stacks show
+    the wait, and the worker carries on waiting (the default action would end it)."""
+    nowhere = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
+    proc = _spawner.start(["worker", "--database-url", nowhere], "worker", {})
+    _alive_and_waiting(proc, tries=1)
+    stacks = proc.stacks()
+    assert "in _wait_for_database" in stacks, stacks[-3000:]
+    _alive_and_waiting(proc, tries=2)  # still there, and trying again
+    proc.send(signal.SIGTERM)
+    assert proc.wait_exit(5) == 0
+
+
 def test_the_wait_limit_ends_in_exit_3_and_one_line(_spawner: Spawner) -> None:
     nowhere = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
     proc = _spawner.start(
