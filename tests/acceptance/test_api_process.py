@@ -21,8 +21,8 @@ import httpx
 import psycopg
 import pytest
 
+from deadman.stackdump import request_dump
 from tests.helpers import wait_for
-from tests.helpers.processes import stack_dump
 
 JOBS = 150
 SERVE = [sys.executable, "-m", "deadman", "serve"]
@@ -224,7 +224,7 @@ def test_sigusr1_dumps_the_servers_threads_and_it_keeps_serving(server: Server) 
     twenty signals included."""
     server.start()
     assert server.proc is not None
-    assert "Current thread" in stack_dump(server.proc.pid, server.log, timeout=10)
+    assert "Current thread" in request_dump(server.proc.pid, server.log, timeout=10)
     for _ in range(20):
         server.proc.send_signal(signal.SIGUSR1)
     r = httpx.post(server.url + "/jobs", json={"type": "noop"}, timeout=10)

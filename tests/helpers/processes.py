@@ -238,22 +238,15 @@ class Proc:
         return wait_for(find, timeout, interval=0.05, message=f"{self.name} to log {event}")
 
     def stacks(self, timeout: float = 5.0) -> str:
-        """Every thread's Python stack (:func:`stack_dump`); empty if none came."""
-        return stack_dump(self.pid, self.log_path, timeout)
+        """Every thread's Python stack, from the log (deadman.stackdump.request_dump);
+        empty if none came within ``timeout``."""
+        return request_dump(self.pid, self.log_path, timeout)
 
     def tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_text().splitlines()[-lines:])
         except OSError as exc:
             return f"<no log: {exc}>"
-
-
-def stack_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
-    """Every thread's Python stack, as a Deadman process writes it to its log on SIGUSR1
-    (deadman.stackdump): the log from the dump on, or empty if no dump came within
-    ``timeout``. For a process that looks hung: the dump comes from the interpreter's
-    C signal handler, so a blocked event loop still answers."""
-    return request_dump(pid, log_path, timeout)
 
 
 class SpawnWorker(Protocol):
