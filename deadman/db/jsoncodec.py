@@ -27,16 +27,26 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.adapt import AdaptersMap
+from psycopg.abc import Buffer
+from psycopg.adapt import AdaptersMap, Loader
 from psycopg.types.json import set_json_loads
 
 #: the only way to write an integer outside 64 bits (or a long mantissa)
 _LONG_DIGITS = re.compile(rb"\d{19}")
+#: a text shorter than this cannot hold such a run
+_SHORT = 19
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """``json.loads(data)``, by orjson unless the text could hold a number it reads
-    differently (module docstring)."""
+    differently (module docstring). A text too short to hold a run of 19 digits
+    (``null``, ``{}``: most payloads and backoff policies a claim reads) goes to orjson
+    as it is, without the copy and the search (DECISIONS 102)."""
+    if len(data) < _SHORT:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # a number beyond a double ("1e400"): as below
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if _LONG_DIGITS.search(raw) is None:
         try:
@@ -56,6 +66,18 @@ def dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
 
 
+class _TextLoader(Loader):
+    """json and jsonb in text format (how Deadman reads them): :func:`loads` called
+    once per value. psycopg's own loader, even given ``loads``, adds a call and a copy
+    of the value; a claimed job has two (its payload and its backoff policy), and
+    reading them took 1.28 µs a job against 0.40 this way (DECISIONS 102)."""
+
+    def load(self, data: Buffer) -> Any:
+        return loads(data)
+
+
 #: psycopg's adapters with this module's decoder for json and jsonb
 CONTEXT = AdaptersMap(psycopg.adapters)
-set_json_loads(loads, CONTEXT)
+set_json_loads(loads, CONTEXT)  # the binary formats, through psycopg's loaders
+CONTEXT.register_loader("json", _TextLoader)
+CONTEXT.register_loader("jsonb", _TextLoader)

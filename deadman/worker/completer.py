@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from deadman import logs, metrics, tracing
 from deadman.errors import DatabaseUnavailable
-from deadman.model import Job, JobState
+from deadman.model import AttemptOutcome, Job, JobState
 from deadman.store import ClaimParams, Finish
 from deadman.worker.worker_store import WorkerStore
 
@@ -50,8 +50,15 @@ log = logs.get("deadman.completer")
 #: outcome behind them.
 BATCH_MAX_BYTES = 64 * 1024 * 1024
 
-#: one pending outcome: what to write, its queue, its submitter, whether its slot frees
-Pending = tuple[Finish, str, "asyncio.Future[bool]", bool]
+#: the states a written outcome puts its job back in line with (on_requeue)
+_REQUEUED = (JobState.RETRYING, JobState.QUEUED)
+
+#: Told how an outcome ended: (True, None) written, (False, None) refused by the
+#: fence, (False, error) not writable (not transient). Called on the event loop, once.
+Written = Callable[[bool, BaseException | None], None]
+
+#: one pending outcome: what to write, its queue, who is told, whether its slot frees
+Pending = tuple[Finish, str, Written, bool]
 
 
 class Completer:
@@ -86,17 +93,41 @@ class Completer:
         self._refills_done.set()
         self._background: set[asyncio.Task[None]] = set()
 
+    def post(
+        self,
+        finish: Finish,
+        queue: str,
+        written: Written,
+        size: int = 0,
+        *,
+        frees_slot: bool = False,
+    ) -> None:
+        """Queue one outcome; ``written`` is told how it ended (see Written), from the
+        flush that writes it. ``size``: about how many bytes its result and error take
+        (see BATCH_MAX_BYTES). ``frees_slot``: its slot is given back once it is
+        written (its handler has returned), so a refill may claim a job for that slot.
+        The executor posts and its job's task ends there (DECISIONS 102): no future
+        and no second step of the task per job."""
+        self._pending.append((finish, queue, written, frees_slot))
+        self._sizes.append(size)
+        self._wake.set()
+
     async def submit(
         self, finish: Finish, queue: str, size: int = 0, *, frees_slot: bool = False
     ) -> bool:
-        """Queue one outcome; resolves True once written, False if the fence refused it.
-        ``size``: about how many bytes its result and error take (see BATCH_MAX_BYTES).
-        ``frees_slot``: its slot is given back once it is written (its handler has
-        returned), so a refill may claim a job for that slot."""
+        """:meth:`post`, awaited: True once written, False if the fence refused it; the
+        error of an outcome that cannot be written is raised here."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((finish, queue, fut, frees_slot))
-        self._sizes.append(size)
-        self._wake.set()
+
+        def written(ok: bool, error: BaseException | None) -> None:
+            if fut.done():
+                return  # its awaiter was cancelled
+            if error is None:
+                fut.set_result(ok)
+            else:
+                fut.set_exception(error)
+
+        self.post(finish, queue, written, size, frees_slot=frees_slot)
         return await fut
 
     async def refills_settled(self) -> None:
@@ -212,6 +243,7 @@ class Completer:
             # (Exception, not DeadmanError: psycopg raises UnicodeEncodeError for a
             # lone surrogate before anything reaches the server.)
             done = set()
+            writable = []
             for item in batch:
                 try:
                     done |= await self._write([item[0]])
@@ -224,9 +256,10 @@ class Completer:
                         worker=self._worker_id,
                         error=repr(exc)[:500],  # an encoding error quotes the whole row
                     )
-                    if not item[2].done():
-                        item[2].set_exception(exc)
-            batch = [item for item in batch if not item[2].done()]
+                    self._tell(item, False, exc)
+                else:
+                    writable.append(item)
+            batch = writable
         self._settle(batch, done)
         return done
 
@@ -244,11 +277,14 @@ class Completer:
     def _settle(self, batch: list[Pending], done: set[int]) -> None:
         self.flushes += 1
         refused: list[tuple[int, int]] = []
-        finished: Counter[tuple[str, str]] = Counter()
-        for finish, queue, fut, _ in batch:
+        finished: Counter[tuple[str, AttemptOutcome]] = Counter()
+        requeued = False  # an outcome written put its job back in line
+        for item in batch:
+            finish, queue = item[0], item[1]
             ok = finish.id in done
             if ok:
-                finished[queue, finish.outcome.value] += 1
+                finished[queue, finish.outcome] += 1  # .value once per batch, below
+                requeued = requeued or finish.state in _REQUEUED
             else:
                 refused.append((finish.id, finish.token))
                 metrics.STALE_WRITES_REFUSED.labels("finish").inc()
@@ -261,18 +297,24 @@ class Completer:
                     outcome=finish.outcome.value,
                     worker=self._worker_id,
                 )
-            if not fut.done():
-                fut.set_result(ok)
+            self._tell(item, ok, None)
         for (queue, outcome), n in finished.items():  # one metric update per batch
-            metrics.JOBS_FINISHED.labels(queue, outcome).inc(n)
-        if self.on_requeue is not None and any(
-            f.id in done and f.state in (JobState.RETRYING, JobState.QUEUED) for f, _, _, _ in batch
-        ):
+            metrics.JOBS_FINISHED.labels(queue, outcome.value).inc(n)
+        if requeued and self.on_requeue is not None:
             self.on_requeue()
         if refused:
             task = asyncio.create_task(self._record(refused))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    def _tell(self, item: Pending, ok: bool, error: BaseException | None) -> None:
+        """Tell an outcome's submitter how it ended. Its callback failing is a bug on
+        its side, logged; it must not end this flush and with it every outcome behind
+        (the completer is the worker's only way to record them)."""
+        try:
+            item[2](ok, error)
+        except Exception as exc:
+            log.error("written_callback_failed", job_id=item[0].id, error=repr(exc)[:500])
 
     async def _record(self, refused: list[tuple[int, int]]) -> None:
         try:

@@ -188,7 +188,8 @@ class Executor:
         _run's finally blocks; without this the slot and the in-flight entry would
         leak, and the heartbeat would renew an orphaned lease forever."""
         self.tasks.discard(task)
-        self._release(held)
+        if not held.finishing:  # posted: _written gives the slot back once written
+            self._release(held)
 
     def _release(self, held: Held) -> None:
         """Give back the slot (once) and forget the job. Idempotent."""
@@ -232,45 +233,69 @@ class Executor:
             finish = await (tracing.attempt(job, ctx, run) if tracing.ENABLED else run)
         finally:
             metrics.RUN_TIME.observe(time.monotonic() - started)
-        # The slot stays taken until the outcome is written (in _release): if slots
-        # freed when handlers returned, a slow database would let unwritten outcomes
-        # pile up behind the completer while the producer claimed more and more; the
-        # heartbeat then renews thousands of leases, waits on the completer's row
-        # locks and lets leases lapse (measured: 7,000 of 20,000 jobs ran twice).
-        try:
-            if finish is None:
-                return
-            held.finishing = True
+        if finish is None:
+            self._release(held)
+            return
+        # The slot stays taken until the outcome is written (_written releases it): if
+        # slots freed when handlers returned, a slow database would let unwritten
+        # outcomes pile up behind the completer while the producer claimed more and
+        # more; the heartbeat then renews thousands of leases, waits on the completer's
+        # row locks and lets leases lapse (measured: 7,000 of 20,000 jobs ran twice).
+        # The task ends here: the completer tells _written (DECISIONS 102).
+        self._post(held, finish, bound, retry=True)
+
+    def _post(self, held: Held, finish: Finish, bound: JobLog, *, retry: bool) -> None:
+        """Hand the outcome to the completer; ``retry``: a success it cannot write is
+        failed instead (once)."""
+        if retry:
             size = held.result_bytes + len(finish.error or "")
             frees = held.thread is None or held.thread.done()  # see _give_slot
-            try:
-                written = await self._completer.submit(finish, job.queue, size, frees_slot=frees)
-            except Exception as exc:
-                # Not writable (not transient). A success whose result slipped past
-                # checked_result is failed instead; anything else is left to lapse,
-                # and the rescuer hands the job on, up to max_rescues.
-                why = safe_str(exc)[:500]  # an encoding error quotes the whole row
-                bound.error("job_outcome_not_written", error=why)
-                if finish.state is not JobState.SUCCEEDED:
-                    return
-                finish = failure(
-                    job,
-                    ctx.lease_token,
-                    f"handler result cannot be stored: {why}",
-                    AttemptOutcome.FAILED,
-                )
-                try:
-                    written = await self._completer.submit(finish, job.queue)
-                except Exception as again:
-                    bound.error("job_outcome_not_written", error=safe_str(again)[:500])
-                    return
-            if written:
+        else:
+            size, frees = 0, False
+        written = functools.partial(self._written, held, finish, bound, retry)
+        self._completer.post(finish, held.job.queue, written, size, frees_slot=frees)
+        # set once posted: from here on the outcome's own fenced result decides (abort
+        # leaves the job alone), and _written, not the task's end, gives the slot back
+        held.finishing = True
+
+    def _written(
+        self,
+        held: Held,
+        finish: Finish,
+        bound: JobLog,
+        retry: bool,
+        ok: bool,
+        error: BaseException | None,
+    ) -> None:
+        """The completer wrote the outcome, the fence refused it, or it could not be
+        written (``error``). Runs in the completer's flush: never raises."""
+        if error is None:
+            if ok:
                 # debug: at thousands of jobs/s an info line per job is a fifth of the
                 # worker's CPU; metrics count outcomes, warnings log the exceptions
                 bound.debug("job_finished", state=finish.state.value, outcome=finish.outcome.value)
             else:
                 bound.warning("job_outcome_refused", outcome=finish.outcome.value)
-        finally:
+            self._release(held)
+            return
+        # Not writable (not transient). A success whose result slipped past
+        # checked_result is failed instead; anything else is left to lapse, and the
+        # rescuer hands the job on, up to max_rescues.
+        why = safe_str(error)[:500]  # an encoding error quotes the whole row
+        bound.error("job_outcome_not_written", error=why)
+        if not retry or finish.state is not JobState.SUCCEEDED:
+            self._release(held)
+            return
+        failed = failure(
+            held.job,
+            held.ctx.lease_token,
+            f"handler result cannot be stored: {why}",
+            AttemptOutcome.FAILED,
+        )
+        try:
+            self._post(held, failed, bound, retry=False)
+        except Exception as exc:  # a bug: the lease lapses, the rescuer hands it on
+            bound.error("job_outcome_not_written", error=safe_str(exc)[:500])
             self._release(held)
 
     async def _invoke(self, held: Held, spec: HandlerSpec | None, bound: Any) -> Finish | None:
@@ -285,12 +310,19 @@ class Executor:
             if spec is None:
                 raise LookupError(f"no handler registered for job type {job.type!r}")
             bound.debug("job_started")
-            if spec.is_async:
-                # _guarded: with a timeout, wait_for runs the coroutine in a task of
-                # its own, and a SystemExit escaping a task stops the event loop.
-                handler = _guarded(spec.fn(job, ctx))
-                # no timeout: awaited here, not through wait_for (one frame less a job)
-                result = await (handler if timeout is None else asyncio.wait_for(handler, timeout))
+            if spec.is_async and timeout is None:
+                # Awaited here, not through wait_for, and guarded inline, not through
+                # _guarded: two coroutine frames less a job (DECISIONS 102).
+                try:
+                    result = await spec.fn(job, ctx)
+                except (Exception, asyncio.CancelledError):
+                    raise
+                except BaseException as exc:
+                    raise HandlerExited(_exited(exc)) from exc
+            elif spec.is_async:
+                # _guarded: wait_for runs the coroutine in a task of its own, and a
+                # SystemExit escaping a task stops the event loop.
+                result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
                 loop = asyncio.get_running_loop()
                 fn = tracing.carried(spec.fn) if tracing.ENABLED else spec.fn
@@ -405,4 +437,8 @@ async def _guarded(aw: Any) -> Any:
     except (Exception, asyncio.CancelledError):
         raise
     except BaseException as exc:
-        raise HandlerExited(f"the handler raised {type(exc).__name__}") from exc
+        raise HandlerExited(_exited(exc)) from exc
+
+
+def _exited(exc: BaseException) -> str:
+    return f"the handler raised {type(exc).__name__}"

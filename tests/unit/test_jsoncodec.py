@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg.pq import Format
 
 from deadman.db import jsoncodec
 
@@ -70,3 +71,23 @@ def test_invalid_json_is_refused_as_json_refuses_it() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{text!r} was accepted")
+
+
+@given(VALUES)
+def test_the_text_loaders_read_what_json_reads(value: Any) -> None:
+    """json and jsonb in text format load through one call to loads (DECISIONS 102),
+    short texts included, as bytes or as a memoryview, whatever psycopg hands over."""
+    text = json.dumps(value)
+    for name in ("json", "jsonb"):
+        oid = jsoncodec.CONTEXT.types[name].oid
+        loader = jsoncodec.CONTEXT.get_loader(oid, Format.TEXT)(oid, jsoncodec.CONTEXT)
+        assert same(loader.load(text.encode()), json.loads(text))
+        assert same(loader.load(memoryview(text.encode())), json.loads(text))
+
+
+def test_short_texts_orjson_alone_reads_differently_go_to_json() -> None:
+    """The short path (under 19 bytes) still hands a number beyond a double to json."""
+    for text in ["1e400", "-1e400", "[1e999]", '{"a":1e309}', "1" * 18, "-" + "9" * 17]:
+        assert len(text) < 19
+        assert same(jsoncodec.loads(text.encode()), json.loads(text)), text
+        assert same(jsoncodec.loads(memoryview(text.encode())), json.loads(text)), text
