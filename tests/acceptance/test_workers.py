@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from deadman import gcpolicy
+from deadman import gcpolicy, stackdump
 from deadman.client import Client
 from tests.helpers import wait_for
 from tests.helpers.processes import (
@@ -229,6 +229,13 @@ def test_sigusr1_dumps_every_threads_stack_and_the_worker_carries_on(
         dump = wait_for(with_handler, 10, message="a dump with the handler's thread")
         assert "Current thread" in dump, dump  # the main thread, where the signal landed
         assert "in side_effect" in dump, dump  # the handler's thread, mid-sleep
+        # then the event loop's tasks, each in the coroutines it waits in: the
+        # producer's loop and the job's task waiting for its thread (an idle loop's
+        # thread stack alone shows none of them)
+        tasks = dump[dump.index("Event loop tasks") :]
+        assert tasks.rstrip().endswith(stackdump.END), dump
+        assert "deadman/worker/producer.py" in tasks and " in _run" in tasks, tasks
+        assert "deadman/worker/executor.py" in tasks and " in _invoke" in tasks, tasks
         for _ in range(20):
             worker.send(signal.SIGUSR1)
         ids = [client.enqueue("noop").id for _ in range(20)]

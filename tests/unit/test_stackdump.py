@@ -1,0 +1,87 @@
+"""deadman.stackdump.request_dump returns a dump whole: every thread's part, and the
+event loop's tasks up to their END line, however the process spaces its writes.
+A suite run once asserted on a dump cut after its first thread (the main thread's
+part had not been written yet)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deadman import stackdump
+
+#: A stand-in for a Deadman process: on SIGUSR1 it writes one thread's part, waits
+#: (less than QUIET_S), writes another's, and (with "loop") the loop's part and its
+#: end line (argv[3]).
+FAKE = r"""
+import signal, sys, time
+loop = sys.argv[1] == "loop"
+def dump(signum, frame):
+    sys.stderr.write('Thread 0x1 (most recent call first):\n  File "a.py", line 1 in f\n\n')
+    sys.stderr.flush()
+    time.sleep(float(sys.argv[2]))
+    sys.stderr.write('Current thread 0x2 (most recent call first):\n  File "b.py", line 2 in g\n')
+    sys.stderr.flush()
+    if loop:
+        time.sleep(float(sys.argv[2]))
+        sys.stderr.write("Event loop tasks (1, coroutines innermost last):\n1 task:\n")
+        sys.stderr.write(sys.argv[3] + "\n")
+        sys.stderr.flush()
+signal.signal(signal.SIGUSR1, dump)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield tmp_path / "err.log", started
+    for proc in started:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _start(log: Path, started: list[subprocess.Popen[str]], *args: str) -> int:
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FAKE, *args, stackdump.END],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    started.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc.pid
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_a_dump_written_in_pieces_comes_back_whole(
+    fake: tuple[Path, list[subprocess.Popen[str]]],
+) -> None:
+    log, started = fake
+    gap = stackdump.QUIET_S / 3
+    pid = _start(log, started, "threads", str(gap))
+    dump = stackdump.request_dump(pid, log, timeout=10)
+    assert "Thread 0x1" in dump and "Current thread 0x2" in dump, dump
+
+    pid = _start(log, started, "loop", str(gap))
+    dump = stackdump.request_dump(pid, log, timeout=10)
+    assert "Current thread 0x2" in dump, dump
+    assert dump.rstrip().endswith(stackdump.END), dump
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_no_dump_is_empty(tmp_path: Path) -> None:
+    """A process gone (or one that never answers) gives nothing, within the timeout."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(10)
+    assert stackdump.request_dump(proc.pid, tmp_path / "none.log", timeout=1) == ""
