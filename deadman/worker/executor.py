@@ -312,7 +312,7 @@ class Executor:
             bound.debug("job_started")
             if spec.is_async and timeout is None:
                 # Awaited here, not through wait_for, and guarded inline, not through
-                # _guarded: two coroutine frames less a job (DECISIONS 102).
+                # _guarded: one coroutine less a job (DECISIONS 102).
                 try:
                     result = await spec.fn(job, ctx)
                 except (Exception, asyncio.CancelledError):
