@@ -5,7 +5,7 @@ most ``claim_batch`` jobs per statement, half the slots by default."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -136,6 +136,49 @@ def test_a_flush_that_raises_fails_its_rows_not_the_completer(db_dsn: str) -> No
             with pytest.raises(RuntimeError, match="boom"):
                 await asyncio.wait_for(completer.submit(finish, "q"), 10)
             assert not runner.done()
+            completer.stop()
+            await asyncio.wait_for(runner, 10)
+        finally:
+            await store.close()
+
+    run_async(main)
+
+
+def test_a_callback_that_raises_is_told_alone(db_dsn: str) -> None:
+    """Completer.post (DECISIONS 102): each outcome's callback is told how it ended,
+    from the flush; one that raises (a bug on its side) is logged, and the outcomes
+    batched with it are written and told all the same, the completer running on."""
+
+    async def main() -> None:
+        store = AsyncStore.create(db_dsn, min_size=1, max_size=2, retry_s=0.0)
+        await store.open(wait=True, timeout=10.0)
+        try:
+            completer = Completer(store, "w", in_flight=1)
+            told: list[tuple[int, bool, BaseException | None]] = []
+            all_told = asyncio.Event()
+
+            def tell(i: int) -> Callable[[bool, BaseException | None], None]:
+                def written(ok: bool, error: BaseException | None) -> None:
+                    told.append((i, ok, error))
+                    if len(told) == 3:
+                        all_told.set()
+                    if i == 1:
+                        raise RuntimeError("a bug in the callback")
+
+                return written
+
+            for i in range(3):  # no such jobs: the fence refuses all three
+                finish = Finish(10_000 + i, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
+                completer.post(finish, "q", tell(i))
+            runner = asyncio.create_task(completer.run())
+            await asyncio.wait_for(all_told.wait(), 10)
+            assert sorted(told, key=lambda t: t[0]) == [
+                (0, False, None),
+                (1, False, None),
+                (2, False, None),
+            ]
+            assert not runner.done()
+            assert await asyncio.wait_for(completer.submit(finish, "q"), 10) is False
             completer.stop()
             await asyncio.wait_for(runner, 10)
         finally:

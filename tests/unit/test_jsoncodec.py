@@ -80,7 +80,9 @@ def test_the_text_loaders_read_what_json_reads(value: Any) -> None:
     text = json.dumps(value)
     for name in ("json", "jsonb"):
         oid = jsoncodec.CONTEXT.types[name].oid
-        loader = jsoncodec.CONTEXT.get_loader(oid, Format.TEXT)(oid, jsoncodec.CONTEXT)
+        cls = jsoncodec.CONTEXT.get_loader(oid, Format.TEXT)
+        assert cls is not None
+        loader = cls(oid, jsoncodec.CONTEXT)
         assert same(loader.load(text.encode()), json.loads(text))
         assert same(loader.load(memoryview(text.encode())), json.loads(text))
 
