@@ -21,7 +21,7 @@ pays one round trip and one commit per cycle instead of one for the write and on
 for the claim. Not on a queue whose last claim came back short (DECISIONS 59). The
 producer says how (``refill``: the queue and how many, or None when it must claim
 itself: stopping, a quarantine check due, a suspect to run alone); the claimed jobs
-start as soon as the batch's submitters are settled (``on_claimed``). A slot is still
+start (``on_claimed``), then the batch's submitters are told. A slot is still
 given back only once its outcome is written, and here the claim that retakes it
 commits with that write. Only the slots of outcomes whose
 handler has returned count (``frees_slot``): a sync handler's thread that ignored its
@@ -206,9 +206,15 @@ class Completer:
                 # outcomes are written the usual way; the producer claims their slots.
                 log.warning("refill_failed", error=repr(exc)[:500], outcomes=len(batch))
             else:
-                self._settle(batch, done)
-                if self.on_claimed is not None:
-                    self.on_claimed(claim, jobs, sent)
+                # The claimed jobs start first, then the outcomes' submitters are told
+                # (and give their slots back): told first, the freed slots woke the
+                # producer, whose look (nothing free once these start) then ran ahead
+                # of every job this refill started (DECISIONS 102).
+                try:
+                    if self.on_claimed is not None:
+                        self.on_claimed(claim, jobs, sent)
+                finally:
+                    self._settle(batch, done)
                 return done
         finally:
             self._refilling -= 1
