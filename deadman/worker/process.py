@@ -264,12 +264,15 @@ class Worker:
             executor.abort(h.job.id, Abort.SHUTDOWN)
         if executor.tasks:
             await asyncio.wait(executor.tasks, timeout=10.0)
+        # 4. flush (the releases too: a job's task ends when it posts its outcome, not
+        # when it is written, DECISIONS 102), then wake the queues for what was
+        # released: a NOTIFY ahead of the releases' commit woke an idle worker to find
+        # the jobs still running, and it slept its poll before it looked again
+        completer.stop()
+        await asyncio.wait({tasks["completer"]}, timeout=10.0)
         if leftovers:
             log.info("jobs_released", count=len(leftovers))
             await self.store.queue_notify(self.queues)
-        # 4. flush and stop the rest
-        completer.stop()
-        await asyncio.wait({tasks["completer"]}, timeout=10.0)
         heartbeat.stop()
         listener.stop()
         await asyncio.gather(*(service.stop() for service in self.services))
