@@ -39,6 +39,12 @@ while True:
 """
 
 
+#: Windows has no SIGUSR1: no stack dump is installed there to ask for.
+NEEDS_SIGUSR1 = pytest.mark.skipif(
+    not hasattr(signal, "SIGUSR1"), reason="Windows has no SIGUSR1: no stack dump to ask for"
+)
+
+
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]]]:
     started: list[subprocess.Popen[str]] = []
@@ -63,7 +69,7 @@ def _start(log: Path, started: list[subprocess.Popen[str]], *args: str) -> int:
     return proc.pid
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+@NEEDS_SIGUSR1
 def test_a_dump_written_in_pieces_comes_back_whole(
     fake: tuple[Path, list[subprocess.Popen[str]]],
 ) -> None:
@@ -79,7 +85,7 @@ def test_a_dump_written_in_pieces_comes_back_whole(
     assert dump.rstrip().endswith(stackdump.END), dump
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+@NEEDS_SIGUSR1
 def test_no_dump_is_empty(tmp_path: Path) -> None:
     """A process gone (or one that never answers) gives nothing, within the timeout."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
