@@ -2,16 +2,21 @@
 every thread's Python stack to its stderr and carries on.
 
 For a process that looks hung (no log lines, jobs not moving) when nothing else can say
-where it is: the interpreter's own fault handler writes the dump from its C signal
-handler, so it works even when the event loop is blocked, a lock is held or the GIL is
-stuck in a thread. Where SIGUSR1 does not exist (Windows), or stderr is not a file,
-nothing is installed.
+where it is. The dump is written by a Python signal handler, so in the main thread
+with the GIL held: a main thread blocked in a system call or on a lock is interrupted
+and answers, and no other thread can run Python while its stack is read. (The
+interpreter's own ``faulthandler.register(all_threads=True)`` writes from the C signal
+handler, in whichever thread the signal lands on, while the others run: it reads
+their frames as they change, and a burst of signals to a busy worker crashed it with
+SIGSEGV. DECISIONS 97, third addendum.) A main thread stuck in C code that holds the
+GIL does not answer.
 
 A thread's stack shows an idle event loop as just that: every coroutine waiting in
-it is invisible there. So a worker's loop adds its own part once the threads' is
-written (:func:`dump_tasks_on_sigusr1`): every task, with the coroutines it waits
-in, identical ones counted once, and then :data:`END` (a loop that is blocked writes
-nothing more; the threads' part says where it is).
+it is invisible there. So a worker's dump adds the loop's tasks
+(:func:`dump_stacks_on_sigusr1` given the loop): every task, with the coroutines it
+waits in, identical ones counted once. Every dump ends with :data:`END`. Where SIGUSR1
+does not exist (Windows), outside the main thread, or where stderr is not a file,
+nothing is installed.
 """
 
 from __future__ import annotations
@@ -24,46 +29,58 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-#: the last line of a loop's part of the dump
-END = "-- end of the event loop's tasks --"
-#: a dump with no loop part is whole once its log has been quiet this long
+#: the last line of every dump
+END = "-- end of the stack dump --"
+#: a dump cut short (a process that died writing it) is taken as it is once its log
+#: has been quiet this long
 QUIET_S = 0.25
 
 
-def dump_stacks_on_sigusr1() -> bool:
-    """Install the dump; True if it is installed."""
+def dump_stacks_on_sigusr1(loop: asyncio.AbstractEventLoop | None = None) -> bool:
+    """Install the dump, with ``loop``'s tasks after the threads if one is given (a
+    later call replaces an earlier one). True if it is installed."""
     sig = getattr(signal, "SIGUSR1", None)
     if sig is None or sys.stderr is None:
         return False
     try:
-        faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
-    except (AttributeError, OSError, ValueError, RuntimeError):
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
         return False  # stderr without a file descriptor (a test runner's capture)
-    return True
 
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        write_dump(fd, loop)
 
-def dump_tasks_on_sigusr1(loop: asyncio.AbstractEventLoop) -> bool:
-    """Install the dump as :func:`dump_stacks_on_sigusr1` does, followed by the tasks of
-    ``loop`` (module docstring); call it from the running loop. True if installed.
-    The fault handler chains to the loop's signal handler, so the threads are written
-    first, from the signal handler itself, and the tasks when the loop next runs."""
-    sig = getattr(signal, "SIGUSR1", None)
-    if sig is None or sys.stderr is None:
-        return False
     try:
-        faulthandler.unregister(sig)  # so that the loop's handler is the one it chains to
-        loop.add_signal_handler(sig, write_tasks, loop)
-        faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=True)
-    except (AttributeError, NotImplementedError, OSError, ValueError, RuntimeError):
-        return dump_stacks_on_sigusr1()
+        signal.signal(sig, on_signal)
+    except (ValueError, OSError):
+        return False  # not the main thread: signal handlers can only be set there
     return True
 
 
-def write_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """Write the loop's tasks to stderr: each distinct stack of coroutines once, with how
-    many tasks wait there (a worker's thousand jobs are a few lines), then END."""
+def write_dump(fd: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Write every thread's stack to ``fd``, then ``loop``'s tasks, then END. Written
+    to the descriptor, not through ``sys.stderr``: the signal may have interrupted a
+    write to it, and its buffer refuses a reentrant one."""
+    try:
+        _write(fd, "\n")  # off whatever line the interrupted write left open
+        faulthandler.dump_traceback(fd, all_threads=True)
+        _write(fd, ("" if loop is None else tasks_text(loop)) + END + "\n")
+    except OSError:
+        pass  # stderr gone: nothing to tell
+
+
+def _write(fd: int, text: str) -> None:
+    data = text.encode(errors="replace")
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def tasks_text(loop: asyncio.AbstractEventLoop) -> str:
+    """The loop's tasks: each distinct stack of coroutines once, with how many tasks
+    wait there (a worker's thousand jobs are a few lines)."""
     stacks: Counter[tuple[str, ...]] = Counter()
     for task in asyncio.all_tasks(loop):
         stacks[_awaiting(task.get_coro())] += 1
@@ -71,12 +88,7 @@ def write_tasks(loop: asyncio.AbstractEventLoop) -> None:
     for frames, n in stacks.most_common():
         lines.append(f"{n} task{'s' if n > 1 else ''}:")
         lines.extend(frames or ("  (no coroutine: done, or not started)",))
-    lines.append(END)
-    try:
-        sys.stderr.write("\n".join(lines) + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # stderr gone: nothing to tell
+    return "\n".join(lines) + "\n"
 
 
 def _awaiting(coro: Any, limit: int = 40) -> tuple[str, ...]:
@@ -120,9 +132,8 @@ def request_dump(pid: int, log_path: Path, timeout: float = 5.0) -> str:
             return ""
         now = time.monotonic()
         if "most recent call first" in text:
-            # The threads are written one by one: whole once the loop's part has
-            # ended, or (a process with no loop part, or a blocked loop) once the log
-            # has stopped growing for QUIET_S.
+            # The threads are written one by one: whole at END, or (a process that
+            # died writing it) once the log has stopped growing for QUIET_S.
             if END in text:
                 return text
             if len(text) != seen:

@@ -51,7 +51,7 @@ from deadman.handlers import builtins
 from deadman.maintenance import Service
 from deadman.maintenance import services as maintenance_services
 from deadman.registry import Registry
-from deadman.stackdump import dump_tasks_on_sigusr1
+from deadman.stackdump import dump_stacks_on_sigusr1
 from deadman.store import AsyncStore, SyncStore
 from deadman.worker.completer import Completer
 from deadman.worker.executor import Executor
@@ -168,7 +168,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        dump_tasks_on_sigusr1(loop)  # the threads, then the loop's tasks
+        dump_stacks_on_sigusr1(loop)  # the threads, then the loop's tasks
 
     async def run(self) -> int:
         s = self.settings

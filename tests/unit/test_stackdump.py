@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from deadman import stackdump
+from tests.helpers import wait_for
 
 #: A stand-in for a Deadman process: on SIGUSR1 it writes one thread's part, waits
 #: (less than QUIET_S), writes another's, and (with "loop") the loop's part and its
@@ -91,3 +92,63 @@ def test_no_dump_is_empty(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(10)
     assert stackdump.request_dump(proc.pid, tmp_path / "none.log", timeout=1) == ""
+
+
+#: A process as busy as a worker in a burst of jobs: two threads and the main thread
+#: all running Python, with Deadman's dump installed.
+BUSY = r"""
+import sys, threading
+from deadman import stackdump
+from tests.helpers import wait_for
+def deep(n):
+    return 0 if n == 0 else deep(n - 1) + 1
+def spin():
+    while True:
+        deep(200)
+for _ in range(2):
+    threading.Thread(target=spin, daemon=True).start()
+assert stackdump.dump_stacks_on_sigusr1()
+print("ready", flush=True)
+while True:
+    deep(300)
+"""
+
+
+@NEEDS_SIGUSR1
+def test_a_burst_of_signals_to_a_busy_process_leaves_it_running(tmp_path: Path) -> None:
+    """The interpreter's C-level dump (``faulthandler.register``) reads other threads'
+    frames while they run: this process died of SIGSEGV within the first 3 signals
+    with it. Deadman's dump runs in the main thread with the GIL held."""
+    log = tmp_path / "err.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BUSY], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for i in range(50):  # one at a time: signals sent together arrive as one
+            size = log.stat().st_size
+            proc.send_signal(signal.SIGUSR1)
+            wait_for(
+                lambda size=size: proc.poll() is not None or _ended(log, size),  # type: ignore[misc]
+                10,
+                interval=0.001,
+                message=f"signal {i}'s dump to end",
+            )
+            assert proc.poll() is None, f"exit {proc.returncode} at signal {i}"
+        dump = stackdump.request_dump(proc.pid, log, timeout=10)
+        assert proc.poll() is None, f"exit {proc.returncode}"
+        assert dump.count("\nThread 0x") == 2 and dump.count("Current thread 0x") == 1, dump
+        assert dump.rstrip().endswith(stackdump.END), dump
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _ended(log: Path, size: int) -> bool:
+    """The log has grown past ``size`` and ends a dump."""
+    with log.open("rb") as f:
+        f.seek(size)
+        return f.read().rstrip().endswith(stackdump.END.encode())
