@@ -98,13 +98,18 @@ class Parking(WorkerLoop):
         if self._parked:
             self.resync = True
 
+    @property
+    def fresh_s(self) -> float:
+        """How long a parked slot stays fresh: half the trust window (DECISIONS 86)."""
+        return self._trust_s / 2
+
     def fresh_for(self) -> float:
         """Seconds until the oldest parked slot is too old for a job handed into it to
         start from its notification (0: it is already; inf: none parked)."""
         if not self._parked:
             return float("inf")
         oldest = min(self._by_nonce.get(n, (0, 0.0))[1] for n in self._parked.values())
-        return max(0.0, oldest + self._trust_s / 2 - time.monotonic())
+        return max(0.0, oldest + self.fresh_s - time.monotonic())
 
     def stale(self) -> bool:
         """Some parked slot is too old for its job to start from its notification."""
@@ -213,7 +218,7 @@ class Parking(WorkerLoop):
         if found is None:  # not ours, or used: a slot's nonces go when it does
             return False
         slot, opened = found
-        if opened + self._trust_s / 2 < time.monotonic():
+        if opened + self.fresh_s < time.monotonic():
             return False  # parked long ago (stale): how much lease is left is read instead
         try:
             job = job_from_row(note.row)

@@ -354,9 +354,17 @@ class Producer(WorkerLoop):
                     await self.parking.park()
             except Exception as exc:  # a bug: the next claim round unparks
                 log.error("park_error", error=repr(exc)[:500])
-            remaining = min(deadline - time.monotonic(), self.parking.fresh_for())
-            if remaining <= 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return
+            # Until the oldest parked slot goes stale, then park afresh. A park slower
+            # than a slot stays fresh (a loaded database) leaves its slots stale at
+            # once: they still take handoffs (each job read first, DECISIONS 86), and
+            # parking again at once would only repeat the slow round trip, so wait as
+            # long as a fresh park lasts. Ending the wait here ran an empty claim round
+            # for each slow park (DECISIONS 96's addendum).
+            fresh = self.parking.fresh_for()
+            remaining = min(left, fresh if fresh > 0 else self.parking.fresh_s)
             # Also wake when parking can go on: short of the target, when a slot comes
             # back (a handed job's, once it ends); else when a handoff takes one.
             self.parking.taken.clear()

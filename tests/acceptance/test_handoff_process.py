@@ -207,3 +207,46 @@ def test_an_idle_workers_slots_are_parked_again_before_they_go_stale(
     # Parking afresh is not a claim: an idle worker claims at its start and at its
     # poll (30 s here), not each time its parked slots go stale (DECISIONS 96).
     assert stopped["claims"] <= 2, stopped
+
+
+#: a trigger that makes every park take longer than a parked slot stays fresh (half
+#: the 2 s test trust window, minus its margin)
+SLOW_PARK = """
+CREATE FUNCTION slow_park() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN PERFORM pg_sleep(1.2); RETURN NULL; END $$;
+CREATE TRIGGER slow_park BEFORE INSERT ON deadman.parked
+FOR EACH STATEMENT EXECUTE FUNCTION slow_park();
+"""
+
+
+def test_parks_slower_than_a_slot_stays_fresh_send_no_claims(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """A loaded database can take longer to park slots than they stay fresh. The idle
+    worker used to end its wait on slots stale at once and send an empty claim round
+    for every such park (a whole-suite run counted 3 claims in the test above); it now
+    waits as long as a fresh park lasts, and a job handed into its stale slots still
+    runs."""
+    worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30)
+    worker_id = wait_registered(db_dsn, worker.pid)
+    wait_for(lambda: parked_slots(db_dsn, worker_id) == 2, 10, message="the worker to park")
+    with connect(db_dsn) as conn:
+        conn.execute(SLOW_PARK)
+    seen = [nonces(db_dsn, worker_id)]
+
+    def parked_slowly() -> bool:
+        now = nonces(db_dsn, worker_id)
+        if len(now) == 2 and now != seen[-1]:
+            seen.append(now)
+        return len(seen) >= 4  # three slow parks
+
+    wait_for(parked_slowly, 10 * TTL_S, interval=0.05, message="three slow parks")
+    with Client(db_dsn) as client:
+        job = client.enqueue("noop")
+    assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
+    wait_state(db_dsn, job.id, "succeeded", timeout=LATE_S)
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(LATE_S) == 0
+    (stopped,) = worker.events("worker_stopped")
+    assert stopped["handed"] == 1, stopped
+    assert stopped["claims"] <= 2, stopped
