@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,6 +23,7 @@ from tests.helpers.processes import (
     RESCUE_S,
     STEADY_TTL_S,
     TTL_S,
+    Proc,
     SpawnWorker,
     attempts_of,
     job_row,
@@ -177,6 +179,32 @@ def nonces(dsn: str, worker: str) -> set[int]:
     return {int(r["nonce"]) for r in rows}
 
 
+def _wait_parked_again(dsn: str, worker_id: str, times: int = 3) -> None:
+    """Until the worker's two slots have been parked afresh (new nonces) ``times``."""
+    seen = [nonces(dsn, worker_id)]
+
+    def parked_again() -> bool:
+        now = nonces(dsn, worker_id)
+        if len(now) == 2 and now != seen[-1]:
+            seen.append(now)
+        return len(seen) > times
+
+    wait_for(parked_again, 10 * TTL_S, interval=0.05, message=f"{times} parks afresh")
+
+
+def _hand_one_and_stop(dsn: str, worker: Proc, worker_id: str) -> dict[str, Any]:
+    """Enqueue one job, handed to the worker, wait for it, stop the worker; its
+    worker_stopped event."""
+    with Client(dsn) as client:
+        job = client.enqueue("noop")
+    assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
+    wait_state(dsn, job.id, "succeeded", timeout=LATE_S)
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(LATE_S) == 0
+    (stopped,) = worker.events("worker_stopped")
+    return stopped
+
+
 def test_an_idle_workers_slots_are_parked_again_before_they_go_stale(
     db_dsn: str, spawn_worker: SpawnWorker
 ) -> None:
@@ -187,22 +215,8 @@ def test_an_idle_workers_slots_are_parked_again_before_they_go_stale(
     worker = spawn_worker(db_dsn, concurrency=2, DEADMAN_POLL_S=30)
     worker_id = wait_registered(db_dsn, worker.pid)
     wait_for(lambda: parked_slots(db_dsn, worker_id) == 2, 10, message="the worker to park")
-    seen = [nonces(db_dsn, worker_id)]
-
-    def parked_again() -> bool:
-        now = nonces(db_dsn, worker_id)
-        if len(now) == 2 and now != seen[-1]:
-            seen.append(now)
-        return len(seen) >= 4  # three times over, each well inside the 30-s poll
-
-    wait_for(parked_again, 10 * TTL_S, interval=0.05, message="the slots to be parked again")
-    with Client(db_dsn) as client:
-        job = client.enqueue("noop")
-    assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
-    wait_state(db_dsn, job.id, "succeeded", timeout=LATE_S)
-    worker.send(signal.SIGTERM)
-    assert worker.wait_exit(LATE_S) == 0
-    (stopped,) = worker.events("worker_stopped")
+    _wait_parked_again(db_dsn, worker_id)  # three times over, each well inside the poll
+    stopped = _hand_one_and_stop(db_dsn, worker, worker_id)
     assert (stopped["handed"], stopped["handed_from_note"]) == (1, 1), stopped
     # Parking afresh is not a claim: an idle worker claims at its start and at its
     # poll (30 s here), not each time its parked slots go stale (DECISIONS 96).
@@ -232,21 +246,7 @@ def test_parks_slower_than_a_slot_stays_fresh_send_no_claims(
     wait_for(lambda: parked_slots(db_dsn, worker_id) == 2, 10, message="the worker to park")
     with connect(db_dsn) as conn:
         conn.execute(SLOW_PARK)
-    seen = [nonces(db_dsn, worker_id)]
-
-    def parked_slowly() -> bool:
-        now = nonces(db_dsn, worker_id)
-        if len(now) == 2 and now != seen[-1]:
-            seen.append(now)
-        return len(seen) >= 4  # three slow parks
-
-    wait_for(parked_slowly, 10 * TTL_S, interval=0.05, message="three slow parks")
-    with Client(db_dsn) as client:
-        job = client.enqueue("noop")
-    assert job.lease is not None and job.lease.worker == worker_id, "not handed off"
-    wait_state(db_dsn, job.id, "succeeded", timeout=LATE_S)
-    worker.send(signal.SIGTERM)
-    assert worker.wait_exit(LATE_S) == 0
-    (stopped,) = worker.events("worker_stopped")
+    _wait_parked_again(db_dsn, worker_id)  # three slow parks
+    stopped = _hand_one_and_stop(db_dsn, worker, worker_id)
     assert stopped["handed"] == 1, stopped
     assert stopped["claims"] <= 2, stopped
