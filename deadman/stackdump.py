@@ -51,7 +51,7 @@ def dump_stacks_on_sigusr1(loop: asyncio.AbstractEventLoop | None = None) -> boo
         return False  # stderr without a file descriptor (a test runner's capture)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        write_dump(fd, loop)
+        _write_dump(fd, loop)
 
     try:
         signal.signal(sig, on_signal)
@@ -60,14 +60,14 @@ def dump_stacks_on_sigusr1(loop: asyncio.AbstractEventLoop | None = None) -> boo
     return True
 
 
-def write_dump(fd: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+def _write_dump(fd: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
     """Write every thread's stack to ``fd``, then ``loop``'s tasks, then END. Written
     to the descriptor, not through ``sys.stderr``: the signal may have interrupted a
     write to it, and its buffer refuses a reentrant one."""
     try:
         _write(fd, "\n")  # off whatever line the interrupted write left open
         faulthandler.dump_traceback(fd, all_threads=True)
-        _write(fd, ("" if loop is None else tasks_text(loop)) + END + "\n")
+        _write(fd, ("" if loop is None else _tasks_text(loop)) + END + "\n")
     except OSError:
         pass  # stderr gone: nothing to tell
 
@@ -78,7 +78,7 @@ def _write(fd: int, text: str) -> None:
         data = data[os.write(fd, data) :]
 
 
-def tasks_text(loop: asyncio.AbstractEventLoop) -> str:
+def _tasks_text(loop: asyncio.AbstractEventLoop) -> str:
     """The loop's tasks: each distinct stack of coroutines once, with how many tasks
     wait there (a worker's thousand jobs are a few lines)."""
     stacks: Counter[tuple[str, ...]] = Counter()

@@ -57,17 +57,21 @@ def fake(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]]]:
             proc.stdout.close()
 
 
-def _start(log: Path, started: list[subprocess.Popen[str]], *args: str) -> int:
+def _start(
+    log: Path, started: list[subprocess.Popen[str]], program: str, *args: str
+) -> subprocess.Popen[str]:
+    """Start ``program`` (stderr to ``log``; stopped by the ``fake`` fixture) and wait
+    until it says it is ready."""
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", FAKE, *args, stackdump.END],
+            [sys.executable, "-c", program, *args],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
         )
     started.append(proc)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    return proc.pid
+    return proc
 
 
 @NEEDS_SIGUSR1
@@ -76,11 +80,11 @@ def test_a_dump_written_in_pieces_comes_back_whole(
 ) -> None:
     log, started = fake
     gap = stackdump.QUIET_S / 3
-    pid = _start(log, started, "threads", str(gap))
+    pid = _start(log, started, FAKE, "threads", str(gap), stackdump.END).pid
     dump = stackdump.request_dump(pid, log, timeout=10)
     assert "Thread 0x1" in dump and "Current thread 0x2" in dump, dump
 
-    pid = _start(log, started, "loop", str(gap))
+    pid = _start(log, started, FAKE, "loop", str(gap), stackdump.END).pid
     dump = stackdump.request_dump(pid, log, timeout=10)
     assert "Current thread 0x2" in dump, dump
     assert dump.rstrip().endswith(stackdump.END), dump
@@ -99,7 +103,6 @@ def test_no_dump_is_empty(tmp_path: Path) -> None:
 BUSY = r"""
 import sys, threading
 from deadman import stackdump
-from tests.helpers import wait_for
 def deep(n):
     return 0 if n == 0 else deep(n - 1) + 1
 def spin():
@@ -115,36 +118,28 @@ while True:
 
 
 @NEEDS_SIGUSR1
-def test_a_burst_of_signals_to_a_busy_process_leaves_it_running(tmp_path: Path) -> None:
+def test_a_burst_of_signals_to_a_busy_process_leaves_it_running(
+    fake: tuple[Path, list[subprocess.Popen[str]]],
+) -> None:
     """The interpreter's C-level dump (``faulthandler.register``) reads other threads'
-    frames while they run: this process died of SIGSEGV within the first 3 signals
-    with it. Deadman's dump runs in the main thread with the GIL held."""
-    log = tmp_path / "err.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", BUSY], stdout=subprocess.PIPE, stderr=err, text=True
+    frames while they run: this process died of SIGSEGV at the 6th signal with it, in
+    2 runs of 3. Deadman's dump runs in the main thread with the GIL held."""
+    log, started = fake
+    proc = _start(log, started, BUSY)
+    for i in range(50):  # one at a time: signals sent together arrive as one
+        size = log.stat().st_size
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(
+            lambda size=size: proc.poll() is not None or _ended(log, size),  # type: ignore[misc]
+            10,
+            interval=0.001,
+            message=f"signal {i}'s dump to end",
         )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        for i in range(50):  # one at a time: signals sent together arrive as one
-            size = log.stat().st_size
-            proc.send_signal(signal.SIGUSR1)
-            wait_for(
-                lambda size=size: proc.poll() is not None or _ended(log, size),  # type: ignore[misc]
-                10,
-                interval=0.001,
-                message=f"signal {i}'s dump to end",
-            )
-            assert proc.poll() is None, f"exit {proc.returncode} at signal {i}"
-        dump = stackdump.request_dump(proc.pid, log, timeout=10)
-        assert proc.poll() is None, f"exit {proc.returncode}"
-        assert dump.count("\nThread 0x") == 2 and dump.count("Current thread 0x") == 1, dump
-        assert dump.rstrip().endswith(stackdump.END), dump
-    finally:
-        proc.kill()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        assert proc.poll() is None, f"exit {proc.returncode} at signal {i}"
+    dump = stackdump.request_dump(proc.pid, log, timeout=10)
+    assert proc.poll() is None, f"exit {proc.returncode}"
+    assert dump.count("\nThread 0x") == 2 and dump.count("Current thread 0x") == 1, dump
+    assert dump.rstrip().endswith(stackdump.END), dump
 
 
 def _ended(log: Path, size: int) -> bool:
