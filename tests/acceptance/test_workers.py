@@ -221,10 +221,15 @@ def test_sigusr1_dumps_every_threads_stack_and_the_worker_carries_on(
         wait_held(db_dsn, busy.id, worker_id)
 
         # The lease can be written before the handler's thread starts (a job handed
-        # to a parked slot at enqueue): dump again until that thread is in one.
+        # to a parked slot at enqueue), and the pool's new thread can be in the handler
+        # while the main thread, where the signal lands, is still in `_invoke` starting
+        # it (seen once: the job's task then shows no await). Dump again until the
+        # handler sleeps in its thread and the job's task waits for it.
         def with_handler() -> str | None:
             dump = worker.stacks()
-            return dump if "in side_effect" in dump else None
+            tasks = dump[dump.find("Event loop tasks") :]
+            settled = "in side_effect" in dump and " in _invoke" in tasks
+            return dump if settled else None
 
         dump = wait_for(with_handler, 10, message="a dump with the handler's thread")
         assert "Current thread" in dump, dump  # the main thread, where the signal landed
