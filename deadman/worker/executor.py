@@ -230,7 +230,8 @@ class Executor:
         finish: Finish | None = None
         try:
             run = self._invoke(held, spec, bound)  # in its span with the extra (deadman.tracing)
-            finish = await (tracing.attempt(job, ctx, run) if tracing.ENABLED else run)
+            recording = tracing.ENABLED and tracing.recording()  # one attribute without the extra
+            finish = await (tracing.attempt(job, ctx, run) if recording else run)
         finally:
             metrics.RUN_TIME.observe(time.monotonic() - started)
         if finish is None:
@@ -325,7 +326,7 @@ class Executor:
                 result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
                 loop = asyncio.get_running_loop()
-                fn = tracing.carried(spec.fn) if tracing.ENABLED else spec.fn
+                fn = tracing.carried(spec.fn) if tracing.recording() else spec.fn
                 fut = loop.run_in_executor(self._threads, fn, job, ctx)
                 held.thread = fut
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting

@@ -446,3 +446,95 @@ def test_without_opentelemetry_nothing_is_imported_and_jobs_run(db_dsn: str) -> 
         "states": ["succeeded"] * 3,
         "contexts": [None] * 3,
     }
+
+
+# -- with the API and no SDK ----------------------------------------------------------------
+
+NO_PROVIDER = textwrap.dedent(
+    """
+    import json, sys
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from deadman import tracing
+    from deadman.client import Client
+    from tests.helpers.worker import SETTINGS, running_worker, wait_terminal
+    from tests.factories import connect, job_row
+
+    attempted = []
+    made = tracing.attempt
+
+    def counted(job, ctx, run):
+        attempted.append(job.id)
+        return made(job, ctx, run)
+
+    tracing.attempt = counted
+    dsn = sys.argv[1]
+    before = tracing.recording()
+    with Client(dsn, settings=SETTINGS) as client, running_worker(dsn), connect(dsn) as conn:
+        first = [client.enqueue("t.async").id, client.enqueue("t.sync").id]
+        wait_terminal(conn, first, timeout=30)
+        # the application sets its provider after the worker started
+        provider = TracerProvider()
+        found = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(found))
+        trace.set_tracer_provider(provider)
+        after = tracing.recording()
+        second = [client.enqueue("t.async").id, client.enqueue("t.sync").id]
+        wait_terminal(conn, second, timeout=30)
+        runs = [
+            s.attributes["deadman.job.id"]
+            for s in found.get_finished_spans()
+            if s.name.startswith("deadman.run ")
+        ]
+        states = [job_row(conn, i)["state"] for i in first + second]
+    print(json.dumps({
+        "enabled": tracing.ENABLED,
+        "states": states,
+        "before": before,
+        "after": after,
+        "attempted": sorted(attempted),
+        "runs": sorted(runs),
+        "first": first,
+        "second": sorted(second),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("provider_env", [None, "no-such-provider"])
+def test_without_a_tracer_provider_no_run_span_is_made_until_one_is_set(
+    db_dsn: str, provider_env: str | None
+) -> None:
+    """``opentelemetry-api`` installed with no SDK set up (it comes with other packages):
+    every span would be the API's no-op, so the worker makes none (DECISIONS 103). A
+    provider the application sets after the worker started is used from the next job
+    on. An OTEL_PYTHON_TRACER_PROVIDER that the API cannot load (it raised from
+    ``import deadman`` before) turns tracing off for the process, and jobs run. In a
+    process of its own: OpenTelemetry takes one global provider per process, and this
+    module's fixture sets one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEADMAN_", "OTEL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    if provider_env is not None:
+        env["OTEL_PYTHON_TRACER_PROVIDER"] = provider_env
+    out = subprocess.run(
+        [sys.executable, "-c", NO_PROVIDER, db_dsn],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["states"] == ["succeeded"] * 4, seen
+    assert seen["before"] is False, seen
+    if provider_env is None:
+        assert seen["after"] is True, seen
+        assert seen["attempted"] == seen["second"], seen  # none of the first two jobs
+        assert seen["runs"] == seen["second"], seen  # and the second two recorded
+    else:
+        assert seen["enabled"] is False, seen
+        assert seen["after"] is False and seen["attempted"] == seen["runs"] == [], seen
+        assert "Failed to load configured provider" in out.stderr, out.stderr[-3000:]
