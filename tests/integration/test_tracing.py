@@ -427,19 +427,24 @@ NO_OTEL = textwrap.dedent(
 )
 
 
-def test_without_opentelemetry_nothing_is_imported_and_jobs_run(db_dsn: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEADMAN_")}
-    env["PYTHONPATH"] = str(REPO)
+def _program(program: str, dsn: str, **env: str) -> tuple[dict[str, Any], str]:
+    """Run ``program`` in a Python of its own (no DEADMAN_ or OTEL_ settings but
+    ``env``): what it printed last, as JSON, and its stderr."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DEADMAN_", "OTEL_"))}
     out = subprocess.run(
-        [sys.executable, "-c", NO_OTEL, db_dsn],
+        [sys.executable, "-c", program, dsn],
         cwd=REPO,
-        env=env,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_without_opentelemetry_nothing_is_imported_and_jobs_run(db_dsn: str) -> None:
+    seen, _ = _program(NO_OTEL, db_dsn)
     assert seen == {
         "enabled": False,
         "imported": [],
@@ -514,20 +519,8 @@ def test_without_a_tracer_provider_no_run_span_is_made_until_one_is_set(
     ``import deadman`` before) turns tracing off for the process, and jobs run. In a
     process of its own: OpenTelemetry takes one global provider per process, and this
     module's fixture sets one."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEADMAN_", "OTEL_"))}
-    env["PYTHONPATH"] = str(REPO)
-    if provider_env is not None:
-        env["OTEL_PYTHON_TRACER_PROVIDER"] = provider_env
-    out = subprocess.run(
-        [sys.executable, "-c", NO_PROVIDER, db_dsn],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    env = {} if provider_env is None else {"OTEL_PYTHON_TRACER_PROVIDER": provider_env}
+    seen, stderr = _program(NO_PROVIDER, db_dsn, **env)
     assert seen["states"] == ["succeeded"] * 4, seen
     assert seen["before"] is False, seen
     if provider_env is None:
@@ -537,4 +530,4 @@ def test_without_a_tracer_provider_no_run_span_is_made_until_one_is_set(
     else:
         assert seen["enabled"] is False, seen
         assert seen["after"] is False and seen["attempted"] == seen["runs"] == [], seen
-        assert "Failed to load configured provider" in out.stderr, out.stderr[-3000:]
+        assert "Failed to load configured provider" in stderr, stderr[-3000:]
