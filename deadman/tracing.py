@@ -22,7 +22,7 @@ None, ``span`` a shared null context, and the executor tests ``recording()`` onc
 job. With the API but no tracer provider set (an application that has
 ``opentelemetry-api`` through some other package and no SDK), every span would be the
 API's no-op: ``recording()`` is False and the attempt's span is not made at all
-(~3 µs a job of the worker's CPU; DECISIONS 103). A provider set later, at any time,
+(~6 µs a job of the worker's CPU; DECISIONS 103). A provider set later, at any time,
 is used from the next job on. The W3C checks are plain Python and always on, so an
 API server without the extra still stores a valid ``traceparent`` for workers that
 have it.
