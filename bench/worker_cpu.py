@@ -57,9 +57,7 @@ def burn(
         [sys.executable, "-m", "deadman", *argv],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
-        env=dict(
-            os.environ, PYTHONPATH=str(tree), DEADMAN_DATABASE_URL=dsn, DEADMAN_LOG_LEVEL="warning"
-        ),
+        env=dict(os.environ, PYTHONPATH=str(tree), DEADMAN_DATABASE_URL=dsn),
         cwd=tree,
         start_new_session=True,
     )
