@@ -1,14 +1,16 @@
 """One worker process's CPU per job, and the revisions' side by side.
 
-On a fresh durable cluster of its own: ``--jobs`` no-op jobs are queued in a paused
-queue, one ``deadman worker --processes 1 --concurrency C`` starts, and once it has
-registered (its imports and start-up done) the queue is resumed. The worker's CPU
-(``/proc``: user and system time) is read at the resume and again when the last job
-has succeeded, so the figure is the burn-down's alone, per job. ``--base REV``: the
-worker of that revision (a ``git worktree``) and of ``--rev`` take turns, each side
-first in every other rep, on the one cluster, with this interpreter and its installed
-packages: run it with ``.venv/bin/python`` to measure a worker with OpenTelemetry's
-API installed (the dev extras), with ``.venv-bench/bin/python`` without it.
+On a fresh durable cluster of its own: ``--jobs`` jobs (no-op ones unless ``--type``
+and ``--payload`` say otherwise: ``--type cpu --payload '{"iterations": 0}'`` is a
+sync handler that does nothing) are queued in a paused queue, one ``deadman worker
+--processes 1 --concurrency C`` starts, and once it has registered (its imports and
+start-up done) the queue is resumed. The worker's CPU (``/proc``: user and system
+time) is read at the resume and again when the last job has succeeded, so the figure
+is the burn-down's alone, per job. ``--base REV``: the worker of that revision (a
+``git worktree``) and of ``--rev`` take turns, each side first in every other rep, on
+the one cluster, with this interpreter and its installed packages: run it with
+``.venv/bin/python`` to measure a worker with OpenTelemetry's API installed (the dev
+extras), with ``.venv-bench/bin/python`` without it.
 
     .venv/bin/python -m bench.worker_cpu --jobs 100000 --reps 3
     .venv/bin/python -m bench.worker_cpu --base HEAD~1 --reps 3
@@ -19,6 +21,7 @@ Bounded: ``--reps`` x sides runs, each waiting at most ``--timeout`` seconds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -43,7 +47,14 @@ def _cpu_s(pid: int) -> float:
 
 
 def burn(
-    dsn: str, tree: Path, jobs: int, concurrency: int, timeout: float, log: Path
+    dsn: str,
+    tree: Path,
+    jobs: int,
+    concurrency: int,
+    timeout: float,
+    log: Path,
+    job_type: str = "noop",
+    payload: Any = None,
 ) -> dict[str, float]:
     """One burn-down by the worker of ``tree``: its CPU µs per job and jobs/s."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -51,7 +62,8 @@ def burn(
         conn.execute(QUERIES["queue_set_paused"], {"name": QUEUE, "paused": True})
     with Client(dsn) as client:
         for start in range(0, jobs, 1000):
-            client.enqueue_many([client.job("noop") for _ in range(min(1000, jobs - start))])
+            n = min(1000, jobs - start)
+            client.enqueue_many([client.job(job_type, payload) for _ in range(n)])
     argv = ["worker", "--processes", "1", "--queues", QUEUE, "--concurrency", str(concurrency)]
     worker = subprocess.Popen(
         [sys.executable, "-m", "deadman", *argv],
@@ -104,6 +116,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--base", help="a git revision to compare with --rev")
     ap.add_argument("--rev", default=".", help="a git revision; '.' is this checkout")
+    ap.add_argument("--type", default="noop", help="the jobs' type (a built-in handler)")
+    ap.add_argument("--payload", type=json.loads, default=None, help="the jobs' payload, JSON")
     args = ap.parse_args()
     keep: list[Path] = []
     sides = [common.revision_tree(args.rev, keep)]
@@ -117,7 +131,16 @@ def main() -> None:
             migrate(dsn)
             for rep in range(args.reps):
                 for tree, name in sides if rep % 2 == 0 else sides[::-1]:
-                    r = burn(dsn, tree, args.jobs, args.concurrency, args.timeout, log)
+                    r = burn(
+                        dsn,
+                        tree,
+                        args.jobs,
+                        args.concurrency,
+                        args.timeout,
+                        log,
+                        args.type,
+                        args.payload,
+                    )
                     found[name].append(r)
                     print(
                         f"rep {rep + 1} {name:>16}  {r['cpu_us_per_job']:5.1f} µs/job"

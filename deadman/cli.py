@@ -146,8 +146,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _exit_past_stuck_threads(code: int) -> None:
-    """A sync handler that ignores cancellation would keep the interpreter alive at
-    exit (thread pools are joined). Its job is already released; leave without it."""
+    """A thread that is not a daemon and still runs would keep the interpreter alive at
+    exit (a thread a handler started itself, a library's pool). Sync handlers' own
+    threads are daemons (deadman/worker/threads.py). Jobs are already released; leave
+    without it."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -24,7 +24,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -47,6 +46,7 @@ from deadman.worker.outcome import (
     safe_str,
 )
 from deadman.worker.slots import Slots
+from deadman.worker.threads import HandlerThreads
 from deadman.worker.worker_store import WorkerStore
 
 __all__ = ["Executor", "HandlerExited", "Slots"]
@@ -74,7 +74,7 @@ class Executor:
         slots: Slots,
         worker_id: str,
         trust_s: float,
-        threads: ThreadPoolExecutor,
+        threads: HandlerThreads,
         max_result_bytes: int = 1024 * 1024,
     ) -> None:
         self._registry = registry
@@ -325,9 +325,8 @@ class Executor:
                 # SystemExit escaping a task stops the event loop.
                 result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
-                loop = asyncio.get_running_loop()
                 fn = tracing.carried(spec.fn) if tracing.recording() else spec.fn
-                fut = loop.run_in_executor(self._threads, fn, job, ctx)
+                fut = self._threads.submit(fn, job, ctx)
                 held.thread = fut
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting
                 # and tell it through ctx.cancelled; whatever it writes later is

@@ -38,7 +38,6 @@ import socket
 import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from psycopg_pool import ConnectionPool
@@ -61,6 +60,7 @@ from deadman.worker.listener import Listener
 from deadman.worker.parts import WorkerParts
 from deadman.worker.producer import Producer
 from deadman.worker.slots import Slots
+from deadman.worker.threads import HandlerThreads
 from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.worker")
@@ -176,7 +176,7 @@ class Worker:
         await self.handler_pool.open(wait=False)
         inflight = Inflight()
         slots = Slots(s.concurrency)
-        threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="handler")
+        threads = HandlerThreads(s.concurrency)
         store = self.store
         completer = Completer(
             store, self.worker_id, s.completer_batch, in_flight=s.completer_flushes
@@ -285,7 +285,7 @@ class Worker:
         await self.handler_pool.close()
         if self._sync_pool is not None:
             self._sync_pool.close()
-        threads.shutdown(wait=False, cancel_futures=True)
+        threads.shutdown()
         log.info(
             "worker_stopped",
             worker=self.worker_id,

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +38,7 @@ from deadman.worker.executor import Executor, Slots
 from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
 from deadman.worker.producer import EMPTY_CLAIM_GAP_S
+from deadman.worker.threads import HandlerThreads
 from tests.factories import async_store, attempt_rows, connect, insert_job, job_row, run_async
 from tests.helpers import wait_for, wait_for_async
 from tests.helpers.worker import EXPIRING, SETTINGS, effects, running_worker, wait_terminal
@@ -534,7 +534,8 @@ async def _one_job_running(
         completer = Completer(store, "w1")
         completer_task = asyncio.create_task(completer.run())
         inflight = Inflight()
-        with ThreadPoolExecutor(max_workers=2) as threads:
+        threads = HandlerThreads(2)
+        try:
             executor = Executor(
                 registry=handlers,
                 store=store,
@@ -556,6 +557,8 @@ async def _one_job_running(
             )
             executor.start(job, sent)
             yield executor, inflight
+        finally:
+            threads.shutdown()
         completer.stop()
         await asyncio.wait_for(completer_task, 10)
 
