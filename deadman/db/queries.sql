@@ -513,7 +513,21 @@ WITH locked AS (
     FROM done
     WHERE finished_token IS NULL  -- a succeeded attempt stays in its job's row
 )
-SELECT id FROM done;
+SELECT id FROM done
+UNION ALL
+-- ctx.transaction()'s fenced completion (job_finish_in) passes %(idle_ms)s: from this
+-- statement on its transaction holds the job's row lock, and a worker paused or cut
+-- off before its COMMIT would keep the job out of the rescuer's reach (SKIP LOCKED
+-- passes over it) until TCP keepalive noticed, hours later by default. So the server
+-- ends the session once the transaction has sat idle for %(idle_ms)s ms, armed here
+-- (local to the transaction) when the statement ends: one round trip, not a
+-- set_config of its own before it (DECISIONS 105). NULL (the completer): nothing is
+-- set. This branch runs once, after the finish's rows, and returns no row.
+SELECT NULL FROM (
+    SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true)
+    WHERE %(idle_ms)s::integer IS NOT NULL
+) AS idle (value)
+WHERE idle.value IS NULL;
 
 -- name: job_finish_claim
 -- job_finish_many and job_claim's unkeyed claim in ONE statement (DECISIONS 62): the
@@ -609,14 +623,6 @@ candidates AS (
 SELECT NULL::bigint AS finished, c.* FROM claimed c
 UNION ALL
 SELECT d.id, (NULL::deadman.jobs).* FROM done d;
-
--- name: tx_idle_limit
--- Sent just before the fenced completion of ctx.transaction(): from
--- that statement on the transaction holds the job's row lock, and a worker paused or
--- cut off before its COMMIT would keep the job out of the rescuer's reach (SKIP
--- LOCKED passes over it) until TCP keepalive noticed, hours later by default. The
--- server ends such a session after %(idle_ms)s ms idle; local to the transaction.
-SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
 
 -- name: job_heartbeat_many
 -- The one statement a worker sends per heartbeat interval: it renews every lease the

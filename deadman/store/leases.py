@@ -77,14 +77,16 @@ class Finish:
 
 
 #: How long a handler's transaction may sit idle after its fenced completion before
-#: the server ends it (see tx_idle_limit): the COMMIT follows at once, so only a
+#: the server ends it (see job_finish_many): the COMMIT follows at once, so only a
 #: paused or partitioned worker ever comes near it.
 FINISH_IDLE_MS = 5000
 
 
-def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
+def finish_params(finishes: Sequence[Finish], idle_ms: int | None = None) -> dict[str, Any]:
     """The batch as one JSON document (see job_finish_many) and its ids, which let
-    the planner go straight to the primary key."""
+    the planner go straight to the primary key; ``idle_ms``: the idle limit of the
+    caller's transaction that the statement arms (ctx.transaction(), job_finish_in),
+    None for none."""
     batch = [
         {
             "id": f.id,
@@ -101,6 +103,7 @@ def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
         # results passed check_storable (no NaN or infinity): jsoncodec.dumps is exact
         "batch": jsoncodec.dumps(batch),
         "ids": bigint_array([f.id for f in finishes]),
+        "idle_ms": idle_ms,
     }
 
 
@@ -117,7 +120,9 @@ def refill_params(finishes: Sequence[Finish], p: ClaimParams) -> dict[str, Any]:
     (the refill claims unkeyed jobs only)."""
     params = claim_params(p)
     del params["keyed"]
-    return finish_params(finishes) | params
+    finishing = finish_params(finishes)
+    del finishing["idle_ms"]  # the refill runs in autocommit: no transaction to limit
+    return finishing | params
 
 
 def _storable(text: str) -> str:
@@ -241,11 +246,10 @@ class LeaseStore(AsyncBase):
         self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
     ) -> set[int]:
         """Like job_finish_many, on the caller's connection and inside its transaction,
-        which the server ends if it then sits idle for ``idle_ms`` (tx_idle_limit)."""
+        which the server ends if it then sits idle for ``idle_ms`` (job_finish_many
+        arms that limit in the same statement)."""
         with translate():
-            # Two round trips: in pipeline mode the server did not arm the idle timer.
-            await conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": idle_ms})
-            cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes))
+            cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes, idle_ms))
             return {int(r["id"]) for r in await cur.fetchall()}
 
     async def job_heartbeat_many(

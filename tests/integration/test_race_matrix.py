@@ -177,14 +177,14 @@ def _finish(  # type: ignore[no-untyped-def]
         )
         if effect:  # ctx.transaction(): the effect and the fenced completion, one tx
             conn.execute(QUERIES["effect_insert"], {"job_id": job, "lease_token": token})
-            conn.execute(QUERIES["tx_idle_limit"], {"idle_ms": 60_000})
         if claim:  # the completer's refill: the finish and the next claim, one statement
             # (only the finish's rows are its acknowledgement: the claim may take the
             # very job a rescue put back, which is not this attempt's write landing)
             p = ClaimParams(QUEUE, WORKER + "-2", 10, TTL_MS, QUARANTINE_AT, keyed=False)
             both = _rows(conn, "job_finish_claim", refill_params([f], p))
             return [{"id": r["finished"]} for r in both if r["finished"] is not None]
-        return _rows(conn, "job_finish_many", finish_params([f]))
+        # ctx.transaction()'s completion arms its transaction's idle limit as well
+        return _rows(conn, "job_finish_many", finish_params([f], 60_000 if effect else None))
 
     return run
 
@@ -421,7 +421,7 @@ STATEMENTS: dict[str, Stmt] = {
         ),
         Stmt(
             "finish_in_transaction",
-            ("job_finish_many", "effect_insert", "tx_idle_limit"),
+            ("job_finish_many", "effect_insert"),
             _finish(S.SUCCEEDED, Out.SUCCEEDED, effect=True),
             _returned_job,
             fenced=True,

@@ -298,9 +298,9 @@ def _tick(dsn: str) -> RescueReport:
 def test_a_paused_handler_transaction_is_ended_through_pgbouncer(
     db_dsn: str, bouncer_dsn: str
 ) -> None:
-    """tx_idle_limit is set_config(..., true): local to the transaction, so it holds
-    through PgBouncer, and the server ends the paused session (PgBouncer then drops
-    its client), which lets the job go to the rescuer."""
+    """The fenced completion arms the idle limit with set_config(..., true): local to
+    the transaction, so it holds through PgBouncer, and the server ends the paused
+    session (PgBouncer then drops its client), which lets the job go to the rescuer."""
     with connect(db_dsn) as conn:
         job = insert_job(conn, state="running", lease_expires_in_s=-10)
     assert job.lease_token is not None
