@@ -534,6 +534,12 @@ def _stat_fields(pid: int) -> list[str]:
     return stat[stat.rindex(")") + 2 :].split()
 
 
+def process_cpu_s(pid: int) -> float:
+    """Seconds of CPU (user and system) one live process has used so far."""
+    f = _stat_fields(pid)
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _postgres_ticks() -> int:
     """This run's cluster: the postmaster, its live backends, and the backends it has
     reaped (cutime/cstime), so connections that came and went are counted."""

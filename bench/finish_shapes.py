@@ -26,7 +26,6 @@ is not in it. Between rounds the table is vacuumed. Bounded: ``--rounds`` x 3 sh
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from typing import LiteralString
 
@@ -79,11 +78,6 @@ HISTORY: list[LiteralString] = [
 ]
 
 
-def _backend_s(pid: int) -> float:
-    f = common._stat_fields(pid)
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(dsn: str, rounds: int, cycles: int, batch: int) -> dict[str, list[tuple[float, float]]]:
     """Per shape, one (finish, claim) pair of backend µs per job for each round."""
     params = claim_params(ClaimParams("default", "bench-finish", batch, 30_000, keyed=False))
@@ -102,10 +96,10 @@ def run(dsn: str, rounds: int, cycles: int, batch: int) -> dict[str, list[tuple[
                 )
                 finishing = claiming = 0.0
                 for _ in range(cycles):
-                    t0 = _backend_s(pid)
+                    t0 = common.process_cpu_s(pid)
                     cur = conn.execute(QUERIES["job_claim"], params)
                     rows = cur.fetchall()
-                    t1 = _backend_s(pid)
+                    t1 = common.process_cpu_s(pid)
                     columns = [c.name for c in cur.description or ()]
                     at_id, at_token = columns.index("id"), columns.index("lease_token")
                     done = [
@@ -121,7 +115,7 @@ def run(dsn: str, rounds: int, cycles: int, batch: int) -> dict[str, list[tuple[
                     if len(done) != batch:
                         raise AssertionError(f"{name}: claimed {len(done)}, expected {batch}")
                     conn.execute(finish, finish_params(done))
-                    finishing += _backend_s(pid) - t1
+                    finishing += common.process_cpu_s(pid) - t1
                     claiming += t1 - t0
                 left = conn.execute(
                     "SELECT count(*) FROM deadman.jobs WHERE state <> 'succeeded'"

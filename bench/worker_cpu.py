@@ -41,11 +41,6 @@ from deadman.db.queries import QUERIES
 QUEUE = "default"
 
 
-def _cpu_s(pid: int) -> float:
-    f = common._stat_fields(pid)
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def burn(
     dsn: str,
     tree: Path,
@@ -85,7 +80,7 @@ def burn(
                 return row is not None
 
             common.wait_for(registered, 60.0, "the worker registered")
-            cpu0, t0 = _cpu_s(worker.pid), time.monotonic()
+            cpu0, t0 = common.process_cpu_s(worker.pid), time.monotonic()
             conn.execute(QUERIES["queue_set_paused"], {"name": QUEUE, "paused": False})
 
             def done() -> bool:
@@ -97,7 +92,7 @@ def burn(
                 return row is not None and row[0] == 0
 
             common.wait_for(done, timeout, "every job succeeded", every=0.1)
-            cpu1, t1 = _cpu_s(worker.pid), time.monotonic()
+            cpu1, t1 = common.process_cpu_s(worker.pid), time.monotonic()
             finished = conn.execute(
                 "SELECT count(*) FROM deadman.jobs WHERE state = 'succeeded' AND attempt = 1"
             ).fetchone()

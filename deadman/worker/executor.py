@@ -229,9 +229,10 @@ class Executor:
         started = time.monotonic()
         finish: Finish | None = None
         try:
-            run = self._invoke(held, spec, bound)  # in its span with the extra (deadman.tracing)
-            recording = tracing.ENABLED and tracing.recording()  # one attribute without the extra
-            finish = await (tracing.attempt(job, ctx, run) if recording else run)
+            # in the attempt's span while a tracer provider records (deadman.tracing)
+            traced = tracing.recording()
+            run = self._invoke(held, spec, bound, traced)
+            finish = await (tracing.attempt(job, ctx, run) if traced else run)
         finally:
             metrics.RUN_TIME.observe(time.monotonic() - started)
         if finish is None:
@@ -299,9 +300,12 @@ class Executor:
             bound.error("job_outcome_not_written", error=safe_str(exc)[:500])
             self._release(held)
 
-    async def _invoke(self, held: Held, spec: HandlerSpec | None, bound: Any) -> Finish | None:
+    async def _invoke(
+        self, held: Held, spec: HandlerSpec | None, bound: Any, traced: bool
+    ) -> Finish | None:
         """Run the handler; return the outcome to write, or None when there is nothing
-        to write (completed in its transaction, or the lease is gone)."""
+        to write (completed in its transaction, or the lease is gone). ``traced``: it
+        runs in the attempt's span, which a sync handler's thread then carries."""
         job, ctx = held.job, held.ctx
         timeout = job.timeout_ms / 1000 if job.timeout_ms else None
         held.started = True
@@ -325,7 +329,7 @@ class Executor:
                 # SystemExit escaping a task stops the event loop.
                 result = await asyncio.wait_for(_guarded(spec.fn(job, ctx)), timeout)
             else:
-                fn = tracing.carried(spec.fn) if tracing.recording() else spec.fn
+                fn = tracing.carried(spec.fn) if traced else spec.fn
                 fut = self._threads.submit(fn, job, ctx)
                 held.thread = fut
                 # A thread cannot be interrupted: on timeout or cancel we stop waiting
