@@ -22,11 +22,13 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import deadman_bench as dm
 from bench.ab import paired_ratio
 from bench.common import create_database, durable_cluster, machine
+
+T = TypeVar("T")
 
 
 def parse_variant(raw: str) -> tuple[str, dict[str, str]]:
@@ -43,7 +45,7 @@ def parse_variant(raw: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def rotated(names: list[str], rep: int) -> list[str]:
+def rotated(names: list[T], rep: int) -> list[T]:
     """The order the variants take turns in rep ``rep`` (0-based): rotated by one each
     rep, so every variant runs first (and last) as often over ``len(names)`` reps
     (DECISIONS 82: the place in a rep's order moved a result by itself)."""

@@ -7,15 +7,18 @@ sync handler that does nothing) are queued in a paused queue, one ``deadman work
 start-up done) the queue is resumed. The worker's CPU (``/proc``: user and system
 time) is read at the resume and again when the last job has succeeded, so the figure
 is the burn-down's alone, per job. ``--base REV``: the worker of that revision (a
-``git worktree``) and of ``--rev`` take turns, each side first in every other rep, on
+``git worktree``) and of ``--rev`` take turns, the order rotated rep by rep, on
 the one cluster, with this interpreter and its installed packages: run it with
 ``.venv/bin/python`` to measure a worker with OpenTelemetry's API installed (the dev
-extras), with ``.venv-bench/bin/python`` without it.
+extras), with ``.venv-bench/bin/python`` without it. ``--variant NAME=DEADMAN_VAR=value``
+(repeated): each revision runs under each variant's settings too.
 
     .venv/bin/python -m bench.worker_cpu --jobs 100000 --reps 3
     .venv/bin/python -m bench.worker_cpu --base HEAD~1 --reps 3
+    .venv-bench/bin/python -m bench.worker_cpu --type side-effect --concurrency 200 \
+        --variant pool16= --variant pool64=DEADMAN_HANDLER_POOL_SIZE=64
 
-Bounded: ``--reps`` x sides runs, each waiting at most ``--timeout`` seconds.
+Bounded: ``--reps`` x sides x variants runs, each waiting at most ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 import psycopg
 
 from bench import common
+from bench.env_ab import parse_variant, rotated
 from deadman.client import Client
 from deadman.db.migrate import migrate
 from deadman.db.queries import QUERIES
@@ -50,8 +54,10 @@ def burn(
     log: Path,
     job_type: str = "noop",
     payload: Any = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """One burn-down by the worker of ``tree``: its CPU µs per job and jobs/s."""
+    """One burn-down by the worker of ``tree`` (``env``: more of its environment): its
+    CPU µs per job and jobs/s."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE deadman.jobs, deadman.attempt_log CASCADE")
         conn.execute(QUERIES["queue_set_paused"], {"name": QUEUE, "paused": True})
@@ -64,7 +70,7 @@ def burn(
         [sys.executable, "-m", "deadman", *argv],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
-        env=dict(os.environ, PYTHONPATH=str(tree), DEADMAN_DATABASE_URL=dsn),
+        env=dict(os.environ, **(env or {}), PYTHONPATH=str(tree), DEADMAN_DATABASE_URL=dsn),
         cwd=tree,
         start_new_session=True,
     )
@@ -113,19 +119,32 @@ def main() -> None:
     ap.add_argument("--rev", default=".", help="a git revision; '.' is this checkout")
     ap.add_argument("--type", default="noop", help="the jobs' type (a built-in handler)")
     ap.add_argument("--payload", type=json.loads, default=None, help="the jobs' payload, JSON")
+    ap.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        help="NAME=DEADMAN_VAR=value,...: the worker's settings (repeat; each revision"
+        " runs under each); omitted: the environment as it is",
+    )
     args = ap.parse_args()
     keep: list[Path] = []
     sides = [common.revision_tree(args.rev, keep)]
     if args.base:
         sides.insert(0, common.revision_tree(args.base, keep))
+    variants: list[tuple[str, dict[str, str]]] = args.variant or [("", {})]
+    runs = [
+        (tree, f"{name} {variant}".strip(), env)
+        for tree, name in sides
+        for variant, env in variants
+    ]
     log = Path(tempfile.mkdtemp(prefix="deadman-worker-cpu-")) / "worker.log"
-    found: dict[str, list[dict[str, float]]] = {name: [] for _, name in sides}
+    found: dict[str, list[dict[str, float]]] = {name: [] for _, name, _ in runs}
     try:
         with common.durable_cluster() as cluster:
             dsn = common.create_database(cluster, "worker_cpu")
             migrate(dsn)
             for rep in range(args.reps):
-                for tree, name in sides if rep % 2 == 0 else sides[::-1]:
+                for tree, name, env in rotated(runs, rep):
                     r = burn(
                         dsn,
                         tree,
@@ -135,6 +154,7 @@ def main() -> None:
                         log,
                         args.type,
                         args.payload,
+                        env,
                     )
                     found[name].append(r)
                     print(
@@ -144,9 +164,13 @@ def main() -> None:
                     )
     finally:
         common.remove_trees(keep)
-    for name, runs in found.items():
-        cpu = sorted(round(r["cpu_us_per_job"], 1) for r in runs)
-        print(f"{name:>16}  worker CPU median {statistics.median(cpu):5.1f} µs/job {cpu}")
+    for name, done in found.items():
+        cpu = sorted(round(r["cpu_us_per_job"], 1) for r in done)
+        rate = statistics.median(r["jobs_per_s"] for r in done)
+        print(
+            f"{name:>16}  worker CPU median {statistics.median(cpu):5.1f} µs/job {cpu};"
+            f" median {rate:,.0f} jobs/s"
+        )
 
 
 if __name__ == "__main__":

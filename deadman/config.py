@@ -61,6 +61,9 @@ class Settings:
     #: Free slots an idle worker parks for handoffs at enqueue (DECISIONS 83); 0: off.
     handoff_slots: int = 4
     pool_size: int = 0  # 0: derived from concurrency
+    #: Most connections each of a worker's two handler pools (async and sync handlers'
+    #: ctx.transaction()) opens; 0: min(concurrency, 16) (deadman/worker/process.py).
+    handler_pool_size: int = 0
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
     #: How long a starting worker, rescuer or migrate waits for the database (and its
@@ -144,6 +147,7 @@ class Settings:
         _range(self.claim_batch, 0, 10_000, "DEADMAN_CLAIM_BATCH")
         _range(self.handoff_slots, 0, 10_000, "DEADMAN_HANDOFF_SLOTS")
         _range(self.pool_size, 0, 1000, "DEADMAN_POOL_SIZE")
+        _range(self.handler_pool_size, 0, 10_000, "DEADMAN_HANDLER_POOL_SIZE")
         _require(
             self.log_format in {"auto", "json", "console"},
             "DEADMAN_LOG_FORMAT",
@@ -337,6 +341,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "claim_batch": _int,
     "handoff_slots": _int,
     "pool_size": _int,
+    "handler_pool_size": _int,
     "log_format": str,
     "log_level": str,
     "startup_wait_s": _wait_limit,

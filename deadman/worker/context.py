@@ -191,7 +191,8 @@ class JobContext:
         Set ``ctx.result`` inside the block to store a result.
 
         The connection comes from the worker's handler pool (at most
-        ``min(concurrency, 16)`` connections): when all are in use the handler waits
+        ``min(concurrency, 16)`` connections, or ``DEADMAN_HANDLER_POOL_SIZE``): when
+        all are in use the handler waits
         for one, and after 30 s (``HANDLER_POOL_TIMEOUT_S``) gets :class:`DatabaseUnavailable`,
         which fails the attempt (retried by the job's backoff) like any error.
 

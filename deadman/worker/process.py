@@ -18,13 +18,14 @@ Connections, per worker process (the budget README's configuration table gives):
   maintenance services, and one spare for refusal evidence and notifies);
 - the listener: 1;
 - handlers' ``ctx.transaction()``: a pool for async handlers and one for sync
-  handlers, each at most ``min(concurrency, 16)`` and opened on first use.
+  handlers, each at most ``min(concurrency, 16)`` (``DEADMAN_HANDLER_POOL_SIZE``
+  changes the 16: ``handler_pool_size``) and opened on first use.
 
 Handlers never take a connection from the worker's own pool: a handler holding a
 transaction for minutes (or a thousand of them) must not make the heartbeat wait
 (measured before the split: 20 handlers in transactions past the trust window left
 the heartbeat without a connection, and every lease untrusted, on a healthy
-database). Above 16, handlers wait for a handler connection; that wait is bounded
+database). Above the pool's size, handlers wait for a handler connection; that wait is bounded
 (``HANDLER_POOL_TIMEOUT_S``, then a retryable failure of that attempt).
 """
 
@@ -65,7 +66,8 @@ from deadman.worker.worker_store import WorkerStore
 
 log = logs.get("deadman.worker")
 
-#: Most connections each handler pool (async, sync) opens; above it handlers wait.
+#: Most connections each handler pool (async, sync) opens unless DEADMAN_HANDLER_POOL_SIZE
+#: says otherwise; above it handlers wait.
 HANDLER_POOL_MAX = 16
 #: Longest a handler waits for a ctx.transaction() connection before its attempt fails.
 HANDLER_POOL_TIMEOUT_S = 30.0
@@ -77,7 +79,10 @@ def worker_pool_size(settings: Settings) -> int:
 
 
 def handler_pool_size(settings: Settings) -> int:
-    return max(1, min(settings.concurrency, HANDLER_POOL_MAX))
+    """Most connections of each handler pool: ``DEADMAN_HANDLER_POOL_SIZE``, else
+    min(concurrency, 16). More than the concurrency would never be used."""
+    wanted = settings.handler_pool_size or HANDLER_POOL_MAX
+    return max(1, min(settings.concurrency, wanted))
 
 
 def new_worker_id() -> str:

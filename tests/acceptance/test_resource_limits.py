@@ -1,5 +1,6 @@
 """Resource limits: real worker processes at concurrency 1, 16, 17, 200 and 1000, whose
-handlers each hold a ``ctx.transaction()`` open past the lease TTL.
+handlers each hold a ``ctx.transaction()`` open past the lease TTL; and a worker whose
+``DEADMAN_HANDLER_POOL_SIZE`` is below its concurrency.
 
 The worker's own statements (heartbeat, claims, completions) have connections of
 their own, so however many handlers sit in transactions, or wait for a handler
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from deadman.client import Client
 from deadman.db.queries import QUERIES
@@ -60,6 +62,28 @@ async def hold(job: Job, ctx: JobContext) -> None:
 def hold_sync(job: Job, ctx: JobContext) -> None:
     with ctx.transaction() as conn:
         time.sleep(HOLD_S)  # a sync handler's own work, in its thread
+        conn.execute(QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token})
+
+
+#: how long a "limits.pause" handler's transaction lasts, in the statement the test
+#: looks for in pg_stat_activity (a comment says which pool ran it)
+PAUSE_S = 1.0
+PAUSE_SQL = "SELECT pg_sleep(%(s)s) /* limits.pause {kind} */"
+
+
+@registry.handler("limits.pause")
+async def pause(job: Job, ctx: JobContext) -> None:
+    async with ctx.transaction() as conn:
+        await conn.execute(PAUSE_SQL.format(kind="async"), {"s": PAUSE_S})
+        await conn.execute(
+            QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+        )
+
+
+@registry.handler("limits.pause-sync")
+def pause_sync(job: Job, ctx: JobContext) -> None:
+    with ctx.transaction() as conn:
+        conn.execute(PAUSE_SQL.format(kind="sync"), {"s": PAUSE_S})
         conn.execute(QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token})
 
 
@@ -140,18 +164,7 @@ def test_handlers_in_long_transactions_never_starve_the_heartbeat(
         assert w.poll() is None, f"worker c{c} died"
         for event in ("lease_lost", "lease_untrusted", "stale_write_refused", "heartbeat_failed"):
             assert not w.events(event), (c, event, w.events(event)[:3])
-    rows = sql_all(
-        db_dsn,
-        "SELECT j.id, count(DISTINCT a.lease_token) AS attempts,"
-        " count(DISTINCT e.lease_token) AS effects,"
-        " bool_and(a.outcome = 'succeeded') AS ok"
-        " FROM deadman.jobs j"
-        " LEFT JOIN deadman.attempts a ON a.job_id = j.id"
-        " LEFT JOIN deadman.effects e ON e.job_id = j.id"
-        " WHERE j.id = ANY(%s) GROUP BY j.id",
-        (all_ids,),
-    )
-    exactly_once: dict[int, Any] = {r["id"]: (r["attempts"], r["effects"], r["ok"]) for r in rows}
+    exactly_once = _runs(db_dsn, all_ids)
     assert set(exactly_once.values()) == {(1, 1, True)}, exactly_once
     assert sql_value(db_dsn, "SELECT count(*) FROM deadman.lease_refusals") == 0
     print(
@@ -163,3 +176,67 @@ def test_handlers_in_long_transactions_never_starve_the_heartbeat(
     assert oldest_beat < TTL_S - HEARTBEAT_S
     # 1000 handlers, 24 of them at once, did not get a connection each
     assert most_connections <= BUDGET + 5
+
+
+def _runs(dsn: str, ids: list[int]) -> dict[int, Any]:
+    """Each job's (attempts, effects, every attempt succeeded)."""
+    rows = sql_all(
+        dsn,
+        "SELECT j.id, count(DISTINCT a.lease_token) AS attempts,"
+        " count(DISTINCT e.lease_token) AS effects,"
+        " bool_and(a.outcome = 'succeeded') AS ok"
+        " FROM deadman.jobs j"
+        " LEFT JOIN deadman.attempts a ON a.job_id = j.id"
+        " LEFT JOIN deadman.effects e ON e.job_id = j.id"
+        " WHERE j.id = ANY(%s) GROUP BY j.id",
+        (ids,),
+    )
+    return {r["id"]: (r["attempts"], r["effects"], r["ok"]) for r in rows}
+
+
+def test_handler_pool_size_caps_each_handler_pool(db_dsn: str, spawn_worker: SpawnWorker) -> None:
+    """DEADMAN_HANDLER_POOL_SIZE=2 at concurrency 8: four async and four sync handlers
+    each spend PAUSE_S in a ctx.transaction(); at no time do more than two of each
+    kind hold a connection (the default, min(8, 16), would let all four), the rest
+    wait their turn, and every job is done once with its one effect."""
+    app_name = "deadman-handler-pool-test"
+    worker = spawn_worker(
+        make_conninfo(db_dsn, application_name=app_name),
+        concurrency=8,
+        queues="handler-pool",
+        app="tests.acceptance.test_resource_limits:registry",
+        name="handler-pool",
+        DEADMAN_HANDLER_POOL_SIZE=2,
+    )
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        ids = client.enqueue_many(
+            [client.job("limits.pause", queue="handler-pool") for _ in range(4)]
+            + [client.job("limits.pause-sync", queue="handler-pool") for _ in range(4)]
+        )
+    most = {"async": 0, "sync": 0}
+
+    def sample() -> bool:
+        for kind in most:
+            n = sql_value(
+                db_dsn,
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = %s AND state = 'active' AND query LIKE %s",
+                (app_name, f"%limits.pause {kind}%"),
+            )
+            most[kind] = max(most[kind], int(n))
+        done = sql_value(
+            db_dsn,
+            "SELECT count(*) FROM deadman.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
+            (ids,),
+        )
+        return int(done) == len(ids)
+
+    # two rounds of PAUSE_S per pool, plus start-up on a loaded machine
+    wait_for(sample, 2 * PAUSE_S + 40, interval=0.05, message="every job to succeed")
+    assert worker.poll() is None
+    runs = _runs(db_dsn, ids)
+    assert set(runs.values()) == {(1, 1, True)}, runs
+    # both pools were seen in use, and never above their size
+    assert 1 <= most["async"] <= 2, most
+    assert 1 <= most["sync"] <= 2, most

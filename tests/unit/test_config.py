@@ -51,6 +51,7 @@ PARSED: list[tuple[str, str, object]] = [
     ("DEADMAN_CLAIM_BATCH", "40", 40),
     ("DEADMAN_HANDOFF_SLOTS", "0", 0),
     ("DEADMAN_POOL_SIZE", "8", 8),
+    ("DEADMAN_HANDLER_POOL_SIZE", "64", 64),
     ("DEADMAN_LOG_FORMAT", "json", "json"),
     ("DEADMAN_LOG_LEVEL", "debug", "debug"),
     ("DEADMAN_STARTUP_WAIT_S", "90", 90.0),
@@ -147,6 +148,8 @@ NONSENSE: list[tuple[str, str]] = [
     ("DEADMAN_CLAIM_BATCH", "-1"),
     ("DEADMAN_HANDOFF_SLOTS", "-1"),
     ("DEADMAN_POOL_SIZE", "-1"),
+    ("DEADMAN_HANDLER_POOL_SIZE", "-1"),
+    ("DEADMAN_HANDLER_POOL_SIZE", "sixteen"),
     ("DEADMAN_LOG_FORMAT", "xml"),
 ]
 
@@ -260,6 +263,7 @@ def test_hostile_values_are_refused_naming_the_variable(var: str, raw: str) -> N
         ("DEADMAN_COMPLETER_FLUSHES", "100000"),
         ("DEADMAN_CLAIM_BATCH", "9223372036854775807"),
         ("DEADMAN_POOL_SIZE", "1000000"),
+        ("DEADMAN_HANDLER_POOL_SIZE", "10001"),
         ("DEADMAN_STARTUP_WAIT_S", "-1"),
         ("DEADMAN_STARTUP_WAIT_S", "1e300"),
         ("DEADMAN_LOG_LEVEL", "verbose"),
@@ -433,3 +437,16 @@ def test_uvloop_asked_for_but_missing_is_a_config_error(monkeypatch: pytest.Monk
     assert eventloop.loop_factory("auto") is None
     with pytest.raises(ConfigError, match="DEADMAN_EVENT_LOOP"):
         eventloop.loop_factory("uvloop")
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "setting", "expected"),
+    [(200, 0, 16), (4, 0, 4), (200, 64, 64), (10, 64, 10), (1, 0, 1)],
+)
+def test_each_handler_pool_is_the_setting_or_min_concurrency_16_never_past_the_concurrency(
+    concurrency: int, setting: int, expected: int
+) -> None:
+    from deadman.worker.process import handler_pool_size
+
+    settings = Settings(concurrency=concurrency, handler_pool_size=setting)
+    assert handler_pool_size(settings) == expected
