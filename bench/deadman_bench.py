@@ -158,10 +158,13 @@ def burn_down(
     profile: Path | None = None,
     async_worker_commit: bool = False,
     limit_key: str | None = None,
+    job_type: str = "noop",
+    payload: Any = None,
 ) -> dict[str, Any]:
     """Start warm workers on an empty queue, commit n no-op jobs in one COPY, and time
     from that commit to the last job's finished_at (database clock, same machine).
     ``limit_key``: every job carries it (bench/limits_cost.py sets its limit).
+    ``job_type``, ``payload``: a built-in handler other than ``noop``.
     ``concurrency=None``: the worker gets no ``--concurrency`` flag (the default)."""
     truncate(dsn)
     worker_dsn = f"{dsn}?{ASYNC_WORKER_COMMIT}" if async_worker_commit else dsn
@@ -180,7 +183,7 @@ def burn_down(
             waits.start()
         cpu0, w0 = cpu_snapshot([proc.pid]), time.time()
         with Client(dsn) as client:
-            jobs = [client.job("noop", limit_key=limit_key) for _ in range(n)]
+            jobs = [client.job(job_type, payload, limit_key=limit_key) for _ in range(n)]
             client.get(0)
             client.enqueue_many(jobs)
             t0 = time.time()

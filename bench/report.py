@@ -145,6 +145,7 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _bulk(data, w)
     _burn(data, w, plots, md_path)
     _shapes(data, w)
+    _shapes(data, w, "sync")
     _ceiling(data, w)
     _latency(data, w, plots, md_path)
     _latency_runs(w, md_path)
@@ -980,6 +981,12 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "CPU time (/proc) over the window from just before the enqueue to the last "
             "completion, divided by the jobs.\n"
         )
+    if "sync" in data:
+        lines.append(
+            "- **Sync handlers**: the burn-down shapes again, with each system's no-op "
+            "handler run in a thread its documented way (the section's own text says "
+            "how); same jobs, reps and verification.\n"
+        )
     if "ceiling" in data and "ceiling_s" in plan:
         clients = ", ".join(str(c) for c in plan.get("ceiling_clients", ()))
         lines.append(
@@ -1304,6 +1311,7 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         ("bulk", "Bulk enqueue (phase skipped in this run)."),
         ("burn", "Burn-down throughput (phase skipped in this run)."),
         ("shapes", "Burn-down at the defaults and at concurrency 1 and 8 (phase skipped)."),
+        ("sync", "The same shapes with sync handlers (phase skipped in this run)."),
         ("ceiling", "The pgbench batched lifecycle ceiling (phase skipped in this run)."),
         ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
         ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
@@ -1369,14 +1377,26 @@ def _targets_16(data: dict[str, Any], w: Any) -> None:
     )
 
 
-def _shapes(data: dict[str, Any], w: Any) -> None:
-    sh = data.get("shapes")
+def _shapes(data: dict[str, Any], w: Any, key: str = "shapes") -> None:
+    sh = data.get(key)
     if not sh:
         return
-    w("## Burn-down at the defaults, at concurrency 1 and 8 (one process each)\n")
+    if key == "sync":
+        w("## Sync handlers: the same shapes, each system's no-op run in a thread\n")
+        w(
+            "Each system's documented way to run a blocking handler (`bench/run.py`, "
+            "`SYNC_HANDLERS`): Deadman a plain `def` handler (the built-in `cpu` with "
+            "`iterations` 0: one sha256 of the job id, and a small result stored), run in "
+            "the worker's handler threads; pgqueuer an async entrypoint that awaits "
+            "`asyncio.to_thread` (pgqueuer refuses sync entrypoints and says to do this); "
+            "procrastinate a plain `def` task, which it runs in a thread. Jobs, settings and "
+            "verification as in the table above.\n"
+        )
+    else:
+        w("## Burn-down at the defaults, at concurrency 1 and 8 (one process each)\n")
     if "error" in sh:
         w(f"FAILED: {sh['error']}\n")
-    read = sh.get("defaults_read", {})
+    read = sh.get("defaults_read", {}) if key == "shapes" else {}
     if read:
         w(
             "Defaults as the measured code has them (read from it, not assumed): Deadman "

@@ -346,19 +346,50 @@ def shape_names(plan: Plan) -> list[tuple[str, int | None]]:
     return [("defaults", None), *((f"concurrency_{c}", c) for c in plan.shape_concurrency)]
 
 
-def shapes(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[str, Any]:
+#: The sync phase's handlers: each system's no-op run in a thread, the way its
+#: documentation says a blocking handler runs (Deadman: a plain ``def`` handler, the
+#: built-in ``cpu`` with no iterations; pgqueuer: an async entrypoint awaiting
+#: ``asyncio.to_thread``, since it refuses sync entrypoints; procrastinate: a plain
+#: ``def`` task).
+SYNC_HANDLERS = {
+    "deadman": ("cpu", {"iterations": 0}),
+    "pgqueuer": pgq.SYNC_ENTRYPOINT,
+    "procrastinate": pro.SYNC_TASK,
+}
+
+
+def shapes(
+    plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path, *, sync: bool = False
+) -> dict[str, Any]:
     """Issue 16's shapes, one process each: every system at its library defaults (no
     concurrency option at all: Deadman's from ``Settings``, whatever this revision
     says), then at each of ``plan.shape_concurrency``; every case once per rep, reps
-    interleaved, every run verified exactly once. ``out[shape][system]``."""
+    interleaved, every run verified exactly once. ``out[shape][system]``. ``sync``:
+    the same with each system's sync no-op handler (SYNC_HANDLERS)."""
     if "DEADMAN_CONCURRENCY" in os.environ:  # the worker would read it: not the default
         raise RuntimeError("unset DEADMAN_CONCURRENCY: the defaults shape measures the default")
     cases: list[tuple[str, str, Callable[[], dict[str, Any]]]] = []
     pro_n = min(plan.shape_n, plan.procrastinate_n)
     pgq_per_slot = plan.pgqueuer_limited_n_per_slot
+    dm_type, dm_payload = SYNC_HANDLERS["deadman"] if sync else ("noop", None)
+    pgq_entry = SYNC_HANDLERS["pgqueuer"] if sync else "noop"
+    pro_task = SYNC_HANDLERS["procrastinate"] if sync else "noop"
     for shape, c in shape_names(plan):
         cases += [
-            (shape, "deadman", partial(dm.burn_down, dsns["deadman"], plan.shape_n, 1, c, logdir)),
+            (
+                shape,
+                "deadman",
+                partial(
+                    dm.burn_down,
+                    dsns["deadman"],
+                    plan.shape_n,
+                    1,
+                    c,
+                    logdir,
+                    job_type=dm_type,
+                    payload=dm_payload,
+                ),
+            ),
             (
                 shape,
                 "pgqueuer",
@@ -371,12 +402,15 @@ def shapes(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[
                     logdir,
                     ready,
                     concurrency_limit=c,
+                    entrypoint=pgq_entry,
                 ),
             ),
             (
                 shape,
                 "procrastinate",
-                partial(pro.burn_down, dsns["procrastinate"], pro_n, 1, c, logdir, ready),
+                partial(
+                    pro.burn_down, dsns["procrastinate"], pro_n, 1, c, logdir, ready, task=pro_task
+                ),
             ),
         ]
     results = interleaved(plan.reps, [(f"{shape} {name}", fn) for shape, name, fn in cases])
@@ -529,6 +563,7 @@ PHASES = (
     "bulk",
     "burn",
     "shapes",
+    "sync",
     "ceiling",
     "latency",
     "rescue",
@@ -627,6 +662,10 @@ def main(argv: list[str] | None = None) -> int:
         phase(
             "shapes",
             lambda: guarded("shapes", lambda: shapes(plan, dsns, logdir, work / "ready")),
+        )
+        phase(
+            "sync",
+            lambda: guarded("sync", lambda: shapes(plan, dsns, logdir, work / "ready", sync=True)),
         )
         phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
         phase("latency", lambda: latency(plan, dsns, work, logdir))
@@ -750,16 +789,18 @@ def _failures(data: dict[str, Any]) -> list[str]:
         if not r.get("ok"):
             label = name if name.startswith("latency") else f"bulk {name}"
             bad.append(f"{label}: {r.get('error') or r.get('verify')}")
-    sh = data.get("shapes")
-    if sh is not None:
+    for key in ("shapes", "sync"):
+        sh = data.get(key)
+        if sh is None:
+            continue
         if "error" in sh:
-            bad.append(f"shapes: {sh['error']}")
+            bad.append(f"{key}: {sh['error']}")
         for shape, systems in sh.items():
             if shape in ("defaults_read", "ok", "error"):
                 continue
             for name, r in systems.items():
                 if not r.get("ok"):
-                    bad.append(f"shapes {shape} {name}: {r.get('error') or 'verification failed'}")
+                    bad.append(f"{key} {shape} {name}: {r.get('error') or 'verification failed'}")
     for name, runs in data.get("burn", {}).items():
         for r in runs if isinstance(runs, list) else [runs]:
             if not r.get("ok"):

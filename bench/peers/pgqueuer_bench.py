@@ -48,6 +48,9 @@ from bench.common import (
 )
 
 NAME = "pgqueuer"
+#: The sync shapes' entrypoint: pgqueuer refuses a sync entrypoint and says to wrap
+#: blocking code in ``asyncio.to_thread`` (its EntrypointExecutor's error), so this does.
+SYNC_ENTRYPOINT = "noop_sync"
 
 
 def _default(fn: Any, name: str) -> Any:
@@ -168,8 +171,10 @@ def burn_down(
     logdir: Path,
     ready: Path,
     concurrency_limit: int | None = None,
+    entrypoint: str = "noop",
 ) -> dict[str, Any]:
-    """``batch=None`` and ``concurrency_limit=None``: pgqueuer's own defaults."""
+    """``batch=None`` and ``concurrency_limit=None``: pgqueuer's own defaults.
+    ``entrypoint``: ``noop`` or SYNC_ENTRYPOINT."""
     truncate(dsn)
     procs = _workers(dsn, processes, batch, logdir, ready, {}, concurrency_limit)
     try:
@@ -177,7 +182,7 @@ def burn_down(
         async def enqueue() -> None:
             conn = await asyncpg.connect(dsn)
             try:
-                await Queries(AsyncpgDriver(conn)).enqueue(["noop"] * n, [None] * n, [0] * n)
+                await Queries(AsyncpgDriver(conn)).enqueue([entrypoint] * n, [None] * n, [0] * n)
             finally:
                 await conn.close()
 
@@ -203,7 +208,8 @@ def burn_down(
         else f"entrypoint concurrency_limit={concurrency_limit}"
     )
     return {
-        "setting": f"{processes} proc, batch_size={batch or DEFAULT_BATCH}, {limit}",
+        "setting": f"{processes} proc, batch_size={batch or DEFAULT_BATCH}, {limit}"
+        + ("" if entrypoint == "noop" else ", asyncio.to_thread"),
         "processes": processes,
         "batch_size": batch or DEFAULT_BATCH,
         "concurrency_limit": concurrency_limit or DEFAULT_LIMIT,
@@ -267,10 +273,17 @@ async def _worker_main(
     async def noop(job: Job) -> None:
         return None
 
-    if concurrency_limit is None:
-        qm.entrypoint("noop")(noop)
-    else:
-        qm.entrypoint("noop", concurrency_limit=concurrency_limit)(noop)
+    def nothing(job: Job) -> None:
+        return None
+
+    async def noop_sync(job: Job) -> None:
+        await asyncio.to_thread(nothing, job)
+
+    for name, fn in (("noop", noop), (SYNC_ENTRYPOINT, noop_sync)):
+        if concurrency_limit is None:
+            qm.entrypoint(name)(fn)
+        else:
+            qm.entrypoint(name, concurrency_limit=concurrency_limit)(fn)
 
     @qm.entrypoint("mark")
     async def mark(job: Job) -> None:

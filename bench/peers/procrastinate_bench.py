@@ -41,6 +41,8 @@ from bench.common import (
 
 NAME = "procrastinate"
 POLLING = float(os.environ.get("BENCH_PRO_POLLING", "5.0"))
+#: The sync shapes' task: a plain ``def``, which procrastinate runs in a thread.
+SYNC_TASK = "noop_sync"
 # procrastinate's own default, read from the installed version (not assumed).
 DEFAULT_CONCURRENCY: int = WORKER_CONCURRENCY
 
@@ -50,6 +52,10 @@ def make_app(dsn: str) -> procrastinate.App:
 
     @app.task(name="noop")
     async def noop() -> None:
+        return None
+
+    @app.task(name=SYNC_TASK)
+    def noop_sync() -> None:
         return None
 
     @app.task(name="mark")
@@ -83,13 +89,15 @@ def _count(dsn: str, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def _defer_many(dsn: str, n: int, per_call: int | None = None) -> float:
+async def _defer_many(
+    dsn: str, n: int, per_call: int | None = None, task_name: str = "noop"
+) -> float:
     """Seconds for ``batch_defer_async`` of n jobs, in one call or in calls of
     ``per_call`` jobs one after another (all of them timed)."""
     size = per_call or n
     app = make_app(dsn)
     async with app.open_async():
-        task = app.tasks["noop"]
+        task = app.tasks[task_name]
         await app.connector.execute_query_async("SELECT 1")  # warm the pool
         ids: list[int] = []
         t0 = time.perf_counter()
@@ -151,14 +159,21 @@ def _workers(
 
 
 def burn_down(
-    dsn: str, n: int, processes: int, concurrency: int | None, logdir: Path, ready: Path
+    dsn: str,
+    n: int,
+    processes: int,
+    concurrency: int | None,
+    logdir: Path,
+    ready: Path,
+    task: str = "noop",
 ) -> dict[str, Any]:
-    """``concurrency=None``: procrastinate's defaults (no worker options)."""
+    """``concurrency=None``: procrastinate's defaults (no worker options). ``task``:
+    ``noop`` or SYNC_TASK."""
     truncate(dsn)
     procs = _workers(dsn, processes, concurrency, logdir, ready, {})
     try:
         cpu0, w0 = cpu_snapshot([p.pid for p in procs]), time.time()
-        asyncio.run(_defer_many(dsn, n))
+        asyncio.run(_defer_many(dsn, n, task_name=task))
         t0 = time.time()
         done_q = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
         wait_for(lambda: _count(dsn, done_q) >= n, 60 + n / 50, "procrastinate burn-down", 0.25)
@@ -175,7 +190,8 @@ def burn_down(
             stop(p)
     conc = DEFAULT_CONCURRENCY if concurrency is None else concurrency
     return {
-        "setting": f"{processes} proc, concurrency={conc}",
+        "setting": f"{processes} proc, concurrency={conc}"
+        + ("" if task == "noop" else ", a sync task"),
         "processes": processes,
         "concurrency": conc,
         "n": n,
