@@ -37,6 +37,7 @@ from tests.helpers.processes import (
     START_TIMEOUT_S,
     Proc,
     Spawner,
+    all_succeeded,
     db_now,
     sql_all,
     sql_value,
@@ -264,7 +265,7 @@ def test_three_hosts_one_cut_off_one_hours_off_follow_the_database_clock(
     # than two hours on the skewed clock).
     wait_for(lambda: _gone(db_dsn, old.id), 10 * RESCUE_S * 2 + LATE_S, 0.1, "the prune")
     assert not _gone(db_dsn, recent.id)
-    wait_for(lambda: _all_succeeded(db_dsn, [*long_ids, far]), 20, 0.1, "phase 1's jobs")
+    wait_for(lambda: all_succeeded(db_dsn, [*long_ids, far]), 20, 0.1, "phase 1's jobs")
     assert not _gone(db_dsn, far)  # finished seconds ago: kept
     assert rescues(db_dsn, id3) == []  # no lease of its own judged lapsed
 
@@ -322,7 +323,7 @@ def test_three_hosts_one_cut_off_one_hours_off_follow_the_database_clock(
         0.1,
         "host 2's late writes to be refused",
     )
-    wait_for(lambda: _all_succeeded(db_dsn, batch), 40, 0.1, "every job of the cut-off run")
+    wait_for(lambda: all_succeeded(db_dsn, batch), 40, 0.1, "every job of the cut-off run")
 
     # Nothing lost, nothing doubled; both worker hosts ran jobs, host 3 the rescued.
     every = [*long_ids, far, *batch]
@@ -376,15 +377,6 @@ def _row_if(dsn: str, job: int, state: str) -> dict[str, Any] | None:
 
 def _gone(dsn: str, job: int) -> bool:
     return bool(sql_value(dsn, "SELECT count(*) FROM deadman.jobs WHERE id = %s", (job,)) == 0)
-
-
-def _all_succeeded(dsn: str, ids: list[int]) -> bool:
-    n = sql_value(
-        dsn,
-        "SELECT count(*) FROM deadman.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
-        (ids,),
-    )
-    return int(n) == len(ids)
 
 
 def _keys(dsn: str) -> set[str]:

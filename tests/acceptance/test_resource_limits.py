@@ -30,6 +30,7 @@ from tests.helpers import wait_for
 from tests.helpers.processes import (
     Proc,
     SpawnWorker,
+    all_succeeded,
     sql_all,
     sql_value,
     wait_registered,
@@ -102,6 +103,22 @@ CASES: dict[int, tuple[int, int]] = {
 BUDGET = sum(6 + 1 + min(c, HANDLER_POOL_MAX) * ((a > 0) + (s > 0)) for c, (a, s) in CASES.items())
 
 
+def _runs(dsn: str, ids: list[int]) -> dict[int, Any]:
+    """Each job's (attempts, effects, every attempt succeeded)."""
+    rows = sql_all(
+        dsn,
+        "SELECT j.id, count(DISTINCT a.lease_token) AS attempts,"
+        " count(DISTINCT e.lease_token) AS effects,"
+        " bool_and(a.outcome = 'succeeded') AS ok"
+        " FROM deadman.jobs j"
+        " LEFT JOIN deadman.attempts a ON a.job_id = j.id"
+        " LEFT JOIN deadman.effects e ON e.job_id = j.id"
+        " WHERE j.id = ANY(%s) GROUP BY j.id",
+        (ids,),
+    )
+    return {r["id"]: (r["attempts"], r["effects"], r["ok"]) for r in rows}
+
+
 def test_handlers_in_long_transactions_never_starve_the_heartbeat(
     db_dsn: str, spawn_worker: SpawnWorker
 ) -> None:
@@ -150,12 +167,7 @@ def test_handlers_in_long_transactions_never_starve_the_heartbeat(
                 )
             ),
         )
-        done = sql_value(
-            db_dsn,
-            "SELECT count(*) FROM deadman.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
-            (all_ids,),
-        )
-        return int(done) == len(all_ids)
+        return all_succeeded(db_dsn, all_ids)
 
     # two rounds of HOLD_S at the most per worker, plus start-up on a loaded machine
     wait_for(sample, 2 * HOLD_S + 40, interval=0.05, message="every job to succeed")
@@ -176,22 +188,6 @@ def test_handlers_in_long_transactions_never_starve_the_heartbeat(
     assert oldest_beat < TTL_S - HEARTBEAT_S
     # 1000 handlers, 24 of them at once, did not get a connection each
     assert most_connections <= BUDGET + 5
-
-
-def _runs(dsn: str, ids: list[int]) -> dict[int, Any]:
-    """Each job's (attempts, effects, every attempt succeeded)."""
-    rows = sql_all(
-        dsn,
-        "SELECT j.id, count(DISTINCT a.lease_token) AS attempts,"
-        " count(DISTINCT e.lease_token) AS effects,"
-        " bool_and(a.outcome = 'succeeded') AS ok"
-        " FROM deadman.jobs j"
-        " LEFT JOIN deadman.attempts a ON a.job_id = j.id"
-        " LEFT JOIN deadman.effects e ON e.job_id = j.id"
-        " WHERE j.id = ANY(%s) GROUP BY j.id",
-        (ids,),
-    )
-    return {r["id"]: (r["attempts"], r["effects"], r["ok"]) for r in rows}
 
 
 def test_handler_pool_size_caps_each_handler_pool(db_dsn: str, spawn_worker: SpawnWorker) -> None:
@@ -225,12 +221,7 @@ def test_handler_pool_size_caps_each_handler_pool(db_dsn: str, spawn_worker: Spa
                 (app_name, f"%limits.pause {kind}%"),
             )
             most[kind] = max(most[kind], int(n))
-        done = sql_value(
-            db_dsn,
-            "SELECT count(*) FROM deadman.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
-            (ids,),
-        )
-        return int(done) == len(ids)
+        return all_succeeded(db_dsn, ids)
 
     # two rounds of PAUSE_S per pool, plus start-up on a loaded machine
     wait_for(sample, 2 * PAUSE_S + 40, interval=0.05, message="every job to succeed")

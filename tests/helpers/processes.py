@@ -89,6 +89,16 @@ def sql_value(dsn: str, query: str, params: Any = None) -> Any:
     return None if row is None else next(iter(row.values()))
 
 
+def all_succeeded(dsn: str, ids: list[int]) -> bool:
+    """Whether every job of ``ids`` has succeeded."""
+    n = sql_value(
+        dsn,
+        "SELECT count(*) FROM deadman.jobs WHERE id = ANY(%s) AND state = 'succeeded'",
+        (ids,),
+    )
+    return int(n) == len(ids)
+
+
 def job_row(dsn: str, job_id: int) -> dict[str, Any]:
     row = sql_one(dsn, "SELECT * FROM deadman.jobs WHERE id = %s", (job_id,))
     assert row is not None, f"job {job_id} is gone"
