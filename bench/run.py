@@ -346,34 +346,43 @@ def shape_names(plan: Plan) -> list[tuple[str, int | None]]:
     return [("defaults", None), *((f"concurrency_{c}", c) for c in plan.shape_concurrency)]
 
 
+@dataclass(frozen=True)
+class Noops:
+    """The handler each system's burn-down shapes run: Deadman's job type and payload,
+    pgqueuer's entrypoint, procrastinate's task."""
+
+    deadman: tuple[str, Any]
+    pgqueuer: str
+    procrastinate: str
+
+
+ASYNC_NOOPS = Noops(("noop", None), "noop", "noop")
 #: The sync phase's handlers: each system's no-op run in a thread, the way its
 #: documentation says a blocking handler runs (Deadman: a plain ``def`` handler, the
 #: built-in ``cpu`` with no iterations; pgqueuer: an async entrypoint awaiting
 #: ``asyncio.to_thread``, since it refuses sync entrypoints; procrastinate: a plain
 #: ``def`` task).
-SYNC_HANDLERS = {
-    "deadman": ("cpu", {"iterations": 0}),
-    "pgqueuer": pgq.SYNC_ENTRYPOINT,
-    "procrastinate": pro.SYNC_TASK,
-}
+SYNC_HANDLERS = Noops(("cpu", {"iterations": 0}), pgq.SYNC_ENTRYPOINT, pro.SYNC_TASK)
 
 
 def shapes(
-    plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path, *, sync: bool = False
+    plan: Plan,
+    dsns: dict[str, str],
+    logdir: Path,
+    ready: Path,
+    noops: Noops = ASYNC_NOOPS,
 ) -> dict[str, Any]:
     """Issue 16's shapes, one process each: every system at its library defaults (no
     concurrency option at all: Deadman's from ``Settings``, whatever this revision
     says), then at each of ``plan.shape_concurrency``; every case once per rep, reps
-    interleaved, every run verified exactly once. ``out[shape][system]``. ``sync``:
-    the same with each system's sync no-op handler (SYNC_HANDLERS)."""
+    interleaved, every run verified exactly once. ``out[shape][system]``. ``noops``:
+    the handlers (SYNC_HANDLERS for the sync phase)."""
     if "DEADMAN_CONCURRENCY" in os.environ:  # the worker would read it: not the default
         raise RuntimeError("unset DEADMAN_CONCURRENCY: the defaults shape measures the default")
     cases: list[tuple[str, str, Callable[[], dict[str, Any]]]] = []
     pro_n = min(plan.shape_n, plan.procrastinate_n)
     pgq_per_slot = plan.pgqueuer_limited_n_per_slot
-    dm_type, dm_payload = SYNC_HANDLERS["deadman"] if sync else ("noop", None)
-    pgq_entry = SYNC_HANDLERS["pgqueuer"] if sync else "noop"
-    pro_task = SYNC_HANDLERS["procrastinate"] if sync else "noop"
+    dm_type, dm_payload = noops.deadman
     for shape, c in shape_names(plan):
         cases += [
             (
@@ -402,14 +411,21 @@ def shapes(
                     logdir,
                     ready,
                     concurrency_limit=c,
-                    entrypoint=pgq_entry,
+                    entrypoint=noops.pgqueuer,
                 ),
             ),
             (
                 shape,
                 "procrastinate",
                 partial(
-                    pro.burn_down, dsns["procrastinate"], pro_n, 1, c, logdir, ready, task=pro_task
+                    pro.burn_down,
+                    dsns["procrastinate"],
+                    pro_n,
+                    1,
+                    c,
+                    logdir,
+                    ready,
+                    task=noops.procrastinate,
                 ),
             ),
         ]
@@ -665,7 +681,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         phase(
             "sync",
-            lambda: guarded("sync", lambda: shapes(plan, dsns, logdir, work / "ready", sync=True)),
+            lambda: guarded(
+                "sync", lambda: shapes(plan, dsns, logdir, work / "ready", SYNC_HANDLERS)
+            ),
         )
         phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
         phase("latency", lambda: latency(plan, dsns, work, logdir))

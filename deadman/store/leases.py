@@ -83,10 +83,17 @@ FINISH_IDLE_MS = 5000
 
 
 def finish_params(finishes: Sequence[Finish], idle_ms: int | None = None) -> dict[str, Any]:
+    """job_finish_many's: the batch (_batch_params) and ``idle_ms``, the idle limit of
+    the caller's transaction that the statement arms (ctx.transaction(),
+    job_finish_in), None for none."""
+    params = _batch_params(finishes)
+    params["idle_ms"] = idle_ms
+    return params
+
+
+def _batch_params(finishes: Sequence[Finish]) -> dict[str, Any]:
     """The batch as one JSON document (see job_finish_many) and its ids, which let
-    the planner go straight to the primary key; ``idle_ms``: the idle limit of the
-    caller's transaction that the statement arms (ctx.transaction(), job_finish_in),
-    None for none."""
+    the planner go straight to the primary key."""
     batch = [
         {
             "id": f.id,
@@ -103,7 +110,6 @@ def finish_params(finishes: Sequence[Finish], idle_ms: int | None = None) -> dic
         # results passed check_storable (no NaN or infinity): jsoncodec.dumps is exact
         "batch": jsoncodec.dumps(batch),
         "ids": bigint_array([f.id for f in finishes]),
-        "idle_ms": idle_ms,
     }
 
 
@@ -116,13 +122,12 @@ def bigint_array(ids: Sequence[int]) -> str:
 
 
 def refill_params(finishes: Sequence[Finish], p: ClaimParams) -> dict[str, Any]:
-    """job_finish_claim's: finish_params and claim_params without the keyed switch
-    (the refill claims unkeyed jobs only)."""
+    """job_finish_claim's: the batch (_batch_params; no idle limit, the refill runs in
+    autocommit) and claim_params without the keyed switch (the refill claims unkeyed
+    jobs only)."""
     params = claim_params(p)
     del params["keyed"]
-    finishing = finish_params(finishes)
-    del finishing["idle_ms"]  # the refill runs in autocommit: no transaction to limit
-    return finishing | params
+    return _batch_params(finishes) | params
 
 
 def _storable(text: str) -> str:

@@ -192,9 +192,9 @@ class JobContext:
 
         The connection comes from the worker's handler pool (at most
         ``min(concurrency, 16)`` connections, or ``DEADMAN_HANDLER_POOL_SIZE``): when
-        all are in use the handler waits
-        for one, and after 30 s (``HANDLER_POOL_TIMEOUT_S``) gets :class:`DatabaseUnavailable`,
-        which fails the attempt (retried by the job's backoff) like any error.
+        all are in use the handler waits for one, and after 30 s
+        (``HANDLER_POOL_TIMEOUT_S``) gets :class:`DatabaseUnavailable`, which fails the
+        attempt (retried by the job's backoff) like any error.
 
         The database, not this process's clock, decides: the write is attempted even
         when this worker suspects its lease has lapsed, and refused if it has.

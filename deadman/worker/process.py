@@ -25,8 +25,8 @@ Handlers never take a connection from the worker's own pool: a handler holding a
 transaction for minutes (or a thousand of them) must not make the heartbeat wait
 (measured before the split: 20 handlers in transactions past the trust window left
 the heartbeat without a connection, and every lease untrusted, on a healthy
-database). Above the pool's size, handlers wait for a handler connection; that wait is bounded
-(``HANDLER_POOL_TIMEOUT_S``, then a retryable failure of that attempt).
+database). Above the pool's size, handlers wait for a handler connection; that wait
+is bounded (``HANDLER_POOL_TIMEOUT_S``, then a retryable failure of that attempt).
 """
 
 from __future__ import annotations
