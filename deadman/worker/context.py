@@ -15,6 +15,7 @@ from contextlib import (
 )
 from typing import TYPE_CHECKING, Any
 
+from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolTimeout
 
 from deadman.errors import DatabaseUnavailable, DeadmanError, LeaseLost
@@ -174,6 +175,18 @@ class JobContext:
             self.finishing = False
             raise
 
+    def _still_open(self, conn: AsyncConn | SyncConn) -> None:
+        """The block left its transaction open: a COMMIT or ROLLBACK statement run in
+        it ended the transaction behind psycopg's back, and a completion written now
+        would commit on its own, without the effect (or after it, not with it). So the
+        attempt fails instead, saying why (its retry runs the block again)."""
+        if conn.info.transaction_status is TransactionStatus.IDLE:
+            raise DeadmanError(
+                f"job {self.job_id}: the transaction was ended inside ctx.transaction()"
+                " (a COMMIT or ROLLBACK statement), so the completion cannot join it:"
+                " this attempt fails; what the block had committed stays committed"
+            )
+
     def _fence(self, done: Collection[int]) -> None:
         """The completion was refused (the lease is gone): LeaseLost, and the whole
         transaction rolls back."""
@@ -190,6 +203,12 @@ class JobContext:
         is raised and the whole transaction (your effect included) rolls back.
         Set ``ctx.result`` inside the block to store a result.
 
+        Raising ``psycopg.Rollback`` in the block rolls it back, effect and completion
+        alike, and the handler goes on: what it then returns completes the job as a
+        returned result does (at-least-once). End the transaction only that way: a
+        COMMIT or ROLLBACK statement run in the block fails the attempt, since the
+        completion can no longer join the effect.
+
         The connection comes from the worker's handler pool (at most
         ``min(concurrency, 16)`` connections, or ``DEADMAN_HANDLER_POOL_SIZE``): when
         all are in use the handler waits for one, and after 30 s
@@ -204,22 +223,28 @@ class JobContext:
     @asynccontextmanager
     async def _async_tx(self) -> AsyncIterator[AsyncConn]:
         self._claim_tx()
+        done: Collection[int] = ()
         async with _async_conn(self._pool) as conn, conn.transaction():
             yield conn
+            self._still_open(conn)
             with self._finishing():
                 done = await self._store.job_finish_in(conn, [self._success()])
             self._fence(done)
-        self.completed_in_transaction = True
+        # Not reached after an error; after psycopg.Rollback (which conn.transaction()
+        # swallows) it is, with nothing written: the handler goes on, not completed.
+        self.completed_in_transaction = self.job_id in done
 
     @contextmanager
     def _sync_tx(self) -> Iterator[SyncConn]:
         self._claim_tx()
+        done: Collection[int] = ()
         with _sync_conn(self._sync_pool()) as conn, conn.transaction():
             yield conn
+            self._still_open(conn)
             with self._finishing():
                 done = self._sync_store.job_finish_in(conn, [self._success()])
             self._fence(done)
-        self.completed_in_transaction = True
+        self.completed_in_transaction = self.job_id in done  # see _async_tx
 
 
 def _no_connection(pool_name: str, max_size: int, timeout: float) -> DatabaseUnavailable:

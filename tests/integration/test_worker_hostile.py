@@ -348,6 +348,78 @@ EXACT = {
     "nested": [{"n": 2**70}, "12345678901234567890"],
 }
 
+#: What a handler may do to ctx.transaction()'s own transaction from inside the block.
+#: psycopg.Rollback is psycopg's documented way to roll a block back and go on; the
+#: raw statements end the transaction behind psycopg's back.
+ENDINGS = ("rollback-exc", "rollback-sql", "commit-sql")
+
+
+def _ending(how: str) -> Any:
+    async def handler(job: Job, ctx: JobContext) -> str:
+        async with ctx.transaction() as conn:
+            await conn.execute(
+                QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+            )
+            ctx.result = "from the block"
+            if how == "rollback-exc":
+                raise psycopg.Rollback()
+            await conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
+        return "returned"
+
+    return handler
+
+
+def _ending_sync(how: str) -> Any:
+    def handler(job: Job, ctx: JobContext) -> str:
+        with ctx.transaction() as conn:
+            conn.execute(
+                QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+            )
+            ctx.result = "from the block"
+            if how == "rollback-exc":
+                raise psycopg.Rollback()
+            conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
+        return "returned"
+
+    return handler
+
+
+for _how in ENDINGS:
+    handlers.register(f"end.{_how}", _ending(_how))
+    handlers.register(f"end.sync-{_how}", _ending_sync(_how))
+
+
+def test_a_transaction_ended_inside_its_block_is_never_a_fenced_success(
+    db_dsn: str, client: Client
+) -> None:
+    """The block's transaction rolled back with psycopg.Rollback: nothing in it
+    happened, neither the effect nor the completion, and the handler goes on; what it
+    returns is its result, written as any returned result is. A COMMIT or ROLLBACK
+    statement inside the block ends the transaction the completion needed: the attempt
+    fails with an error that says so, and nothing is recorded as a fenced success.
+    Every job ends (none is left running for the rescuer) within one attempt."""
+    cases = [f"end.{kind}{how}" for kind in ("", "sync-") for how in ENDINGS]
+    rows, outcomes, code = run_all(db_dsn, client, cases, {})
+    with connect(db_dsn) as conn:
+        for kind in ("", "sync-"):
+            name = f"end.{kind}rollback-exc"
+            assert rows[name]["state"] == "succeeded", (name, rows[name]["last_error"])
+            assert rows[name]["result"] == "returned", name
+            assert outcomes[name] == ["succeeded"], name
+            assert effects(conn, rows[name]["id"]) == 0, name
+            for how, left in (("rollback-sql", 0), ("commit-sql", 1)):
+                name = f"end.{kind}{how}"
+                row = rows[name]
+                assert row["state"] == "dead", (name, row["state"], row["last_error"])
+                assert outcomes[name] == ["failed"], name
+                assert "ended inside ctx.transaction()" in row["last_error"], row["last_error"]
+                assert row["result"] is None, name
+                # a COMMIT statement had already made the effect durable: the error says
+                # so; a ROLLBACK statement had undone it
+                assert effects(conn, row["id"]) == left, name
+    assert code == 0
+
+
 
 def test_payloads_and_results_keep_every_number_exactly(db_dsn: str, client: Client) -> None:
     """A payload read by the worker's claim and a result written by its batch (or by
