@@ -67,6 +67,8 @@ class JobContext:
         self._sync_store = sync_store
         self._sync_pool = sync_pool
         self._lock = threading.Lock()
+        #: the worker's event loop's thread: a context is made there (Executor.start)
+        self._loop_thread = threading.get_ident()
         self._trusted_until = trusted_until
         # Why the handler should stop (plain flags: set once, read from any thread),
         # and an Event a sync handler can block on until either is set, made only
@@ -159,7 +161,11 @@ class JobContext:
             result=stored,
         )
 
-    def _claim_tx(self) -> None:
+    def _claim_tx(self, *, on_loop: bool) -> None:
+        """Once per attempt, and in the form that fits the thread: ``on_loop`` says
+        whether the form used (``async with``) belongs on the worker's loop."""
+        if (threading.get_ident() == self._loop_thread) != on_loop:
+            raise DeadmanError(_WRONG_FORM[on_loop])
         if self._tx_used:
             raise DeadmanError("ctx.transaction() can be used once per attempt")
         self._tx_used = True
@@ -222,7 +228,7 @@ class JobContext:
 
     @asynccontextmanager
     async def _async_tx(self) -> AsyncIterator[AsyncConn]:
-        self._claim_tx()
+        self._claim_tx(on_loop=True)
         done: Collection[int] = ()
         async with _async_conn(self._pool) as conn, conn.transaction():
             yield conn
@@ -236,7 +242,7 @@ class JobContext:
 
     @contextmanager
     def _sync_tx(self) -> Iterator[SyncConn]:
-        self._claim_tx()
+        self._claim_tx(on_loop=False)
         done: Collection[int] = ()
         with _sync_conn(self._sync_pool()) as conn, conn.transaction():
             yield conn
@@ -245,6 +251,17 @@ class JobContext:
                 done = self._sync_store.job_finish_in(conn, [self._success()])
             self._fence(done)
         self.completed_in_transaction = self.job_id in done  # see _async_tx
+
+
+#: ctx.transaction() in the form that does not fit the thread, by the form used
+_WRONG_FORM = {
+    False: "ctx.transaction(): `with` (the sync form) in an async handler would block"
+    " the worker's event loop, and with it every other job's heartbeat: use"
+    " `async with ctx.transaction()`",
+    True: "ctx.transaction(): `async with` outside the worker's event loop (a sync"
+    " handler's own asyncio.run?): its connections belong to that loop; use"
+    " `with ctx.transaction()` in a sync handler",
+}
 
 
 def _no_connection(pool_name: str, max_size: int, timeout: float) -> DatabaseUnavailable:

@@ -389,6 +389,58 @@ for _how in ENDINGS:
     handlers.register(f"end.sync-{_how}", _ending_sync(_how))
 
 
+def _effect_sync(job: Job, ctx: JobContext) -> None:
+    with ctx.transaction() as conn:
+        conn.execute(QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token})
+
+
+async def _effect_async(job: Job, ctx: JobContext) -> None:
+    async with ctx.transaction() as conn:
+        await conn.execute(
+            QUERIES["effect_insert"], {"job_id": job.id, "lease_token": ctx.lease_token}
+        )
+
+
+@handlers.handler("form.sync-in-async")
+async def sync_form_in_async(job: Job, ctx: JobContext) -> None:
+    _effect_sync(job, ctx)  # on the loop's thread: would block every other job
+
+
+@handlers.handler("form.async-in-sync")
+def async_form_in_sync(job: Job, ctx: JobContext) -> None:
+    asyncio.run(_effect_async(job, ctx))  # a loop of its own, not the worker's
+
+
+@handlers.handler("form.sync-in-a-thread")
+async def sync_form_in_a_thread(job: Job, ctx: JobContext) -> None:
+    await asyncio.to_thread(_effect_sync, job, ctx)  # blocking, but off the loop: fine
+
+
+def test_the_wrong_form_of_ctx_transaction_is_refused_before_it_runs(
+    db_dsn: str, client: Client
+) -> None:
+    """`with ctx.transaction()` on the worker's loop would block it (every other
+    job's heartbeat with it); `async with` on another loop would use connections of
+    the worker's loop. Both fail their attempt at once, saying which form to use, with
+    no effect. The sync form from a thread an async handler started is fine."""
+    cases = {
+        "form.sync-in-async": "use `async with ctx.transaction()`",
+        "form.async-in-sync": "use `with ctx.transaction()` in a sync handler",
+    }
+    rows, outcomes, code = run_all(db_dsn, client, [*cases, "form.sync-in-a-thread"], {})
+    with connect(db_dsn) as conn:
+        for name, why in cases.items():
+            row = rows[name]
+            assert row["state"] == "dead", (name, row["state"], row["last_error"])
+            assert outcomes[name] == ["failed"], name
+            assert why in row["last_error"], (name, row["last_error"])
+            assert effects(conn, row["id"]) == 0, name
+        fine = rows["form.sync-in-a-thread"]
+        assert fine["state"] == "succeeded", fine["last_error"]
+        assert effects(conn, fine["id"]) == 1
+    assert code == 0
+
+
 def test_a_transaction_ended_inside_its_block_is_never_a_fenced_success(
     db_dsn: str, client: Client
 ) -> None:
@@ -418,7 +470,6 @@ def test_a_transaction_ended_inside_its_block_is_never_a_fenced_success(
                 # so; a ROLLBACK statement had undone it
                 assert effects(conn, row["id"]) == left, name
     assert code == 0
-
 
 
 def test_payloads_and_results_keep_every_number_exactly(db_dsn: str, client: Client) -> None:
@@ -831,8 +882,10 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
                     async with ctx_for(jobs[0]).transaction():
                         pass
 
+                sync_ctx = ctx_for(jobs[1])  # made on the loop, as the worker makes it
+
                 def sync_handler() -> None:
-                    with ctx_for(jobs[1]).transaction():
+                    with sync_ctx.transaction():
                         pass
 
                 with pytest.raises(DatabaseUnavailable) as sync_err:
