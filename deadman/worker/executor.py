@@ -375,14 +375,16 @@ class Executor:
             return Finish(
                 job.id, ctx.lease_token, JobState.QUEUED, AttemptOutcome.RELEASED, error=None
             )
-        except LeaseLost:
-            # The fenced completion inside ctx.transaction() was refused; the handler's
-            # effects rolled back with it. Record the evidence, write nothing else.
-            metrics.STALE_WRITES_REFUSED.labels("transaction").inc()
-            bound.warning("stale_write_refused", action="transaction")
-            await self._record_refusal(ctx, "transaction")
-            return None
         except Exception as exc:
+            if isinstance(exc, LeaseLost) and ctx.lease_lost:
+                # The fenced completion inside ctx.transaction() was refused (it marks
+                # the lease lost before raising); the handler's effects rolled back
+                # with it. Record the evidence, write nothing else. A LeaseLost the
+                # handler raised while its lease stood is its error like any other.
+                metrics.STALE_WRITES_REFUSED.labels("transaction").inc()
+                bound.warning("stale_write_refused", action="transaction")
+                await self._record_refusal(ctx, "transaction")
+                return None
             if ctx.completed_in_transaction:
                 bound.warning("handler_raised_after_commit", error=safe_repr(exc))
                 return None

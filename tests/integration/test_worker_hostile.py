@@ -150,6 +150,16 @@ async def error_after_commit(job: Job, ctx: JobContext) -> None:
     raise UnprintableError()
 
 
+@handlers.handler("e.lease-lost")
+async def error_lease_lost(job: Job, ctx: JobContext) -> None:
+    raise LeaseLost("raised by the handler, not by the fence")
+
+
+@handlers.handler("e.sync-lease-lost")
+def sync_error_lease_lost(job: Job, ctx: JobContext) -> None:
+    raise LeaseLost("raised by the handler, not by the fence")
+
+
 @handlers.handler("e.system-exit")
 async def system_exit(job: Job, ctx: JobContext) -> None:
     raise SystemExit(3)
@@ -238,6 +248,8 @@ def test_errors_of_every_shape_are_recorded_and_the_worker_survives(
         "e.keyboard-interrupt",
         "e.sync-system-exit",
         "e.sync-keyboard-interrupt",
+        "e.lease-lost",
+        "e.sync-lease-lost",
     ]
     rows, outcomes, code = run_all(db_dsn, client, types, {"timeout": timeout})
     expect = {
@@ -249,6 +261,9 @@ def test_errors_of_every_shape_are_recorded_and_the_worker_survives(
         "e.keyboard-interrupt": "KeyboardInterrupt",
         "e.sync-system-exit": "SystemExit: 4",
         "e.sync-keyboard-interrupt": "KeyboardInterrupt",
+        # LeaseLost that the fence did not raise is the handler's error like any other
+        "e.lease-lost": "LeaseLost: raised by the handler, not by the fence",
+        "e.sync-lease-lost": "LeaseLost: raised by the handler, not by the fence",
     }
     for t in types:
         assert rows[t]["state"] == "dead", (t, rows[t]["last_error"])
