@@ -182,15 +182,27 @@ class JobContext:
             raise
 
     def _still_open(self, conn: AsyncConn | SyncConn) -> None:
-        """The block left its transaction open: a COMMIT or ROLLBACK statement run in
-        it ended the transaction behind psycopg's back, and a completion written now
-        would commit on its own, without the effect (or after it, not with it). So the
-        attempt fails instead, saying why (its retry runs the block again)."""
-        if conn.info.transaction_status is TransactionStatus.IDLE:
+        """The block left its transaction open and usable, or the attempt fails, saying
+        why (its retry runs the block again):
+        - idle: a COMMIT or ROLLBACK statement ended it behind psycopg's back, and a
+          completion written now would commit on its own, without the effect (or
+          after it, not with it);
+        - aborted: a statement failed and the handler caught the error, so nothing
+          more can run in it (psycopg's own words for that name no cause)."""
+        status = conn.info.transaction_status
+        if status is TransactionStatus.IDLE:
             raise DeadmanError(
                 f"job {self.job_id}: the transaction was ended inside ctx.transaction()"
                 " (a COMMIT or ROLLBACK statement), so the completion cannot join it:"
                 " this attempt fails; what the block had committed stays committed"
+            )
+        if status is TransactionStatus.INERROR:
+            raise DeadmanError(
+                f"job {self.job_id}: a statement in ctx.transaction() failed and its error"
+                " was caught, which leaves the transaction aborted: the effect and the"
+                " completion roll back and this attempt fails. To recover from a"
+                " statement's error inside the block, run it in a nested"
+                " conn.transaction() (a savepoint)"
             )
 
     def _fence(self, done: Collection[int]) -> None:

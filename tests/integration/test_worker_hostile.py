@@ -11,6 +11,7 @@ recorded for an attempt the worker abandoned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -366,7 +367,7 @@ EXACT = {
 #: What a handler may do to ctx.transaction()'s own transaction from inside the block.
 #: psycopg.Rollback is psycopg's documented way to roll a block back and go on; the
 #: raw statements end the transaction behind psycopg's back.
-ENDINGS = ("rollback-exc", "rollback-sql", "commit-sql")
+ENDINGS = ("rollback-exc", "rollback-sql", "commit-sql", "caught-error", "close")
 
 
 def _ending(how: str) -> Any:
@@ -378,7 +379,13 @@ def _ending(how: str) -> Any:
             ctx.result = "from the block"
             if how == "rollback-exc":
                 raise psycopg.Rollback()
-            await conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
+            if how == "caught-error":  # the classic: a failed statement, caught
+                with contextlib.suppress(psycopg.errors.DivisionByZero):
+                    await conn.execute("SELECT 1 / 0")
+            elif how == "close":
+                await conn.close()
+            else:
+                await conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
         return "returned"
 
     return handler
@@ -393,7 +400,13 @@ def _ending_sync(how: str) -> Any:
             ctx.result = "from the block"
             if how == "rollback-exc":
                 raise psycopg.Rollback()
-            conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
+            if how == "caught-error":
+                with contextlib.suppress(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1 / 0")
+            elif how == "close":
+                conn.close()
+            else:
+                conn.execute("ROLLBACK" if how == "rollback-sql" else "COMMIT")
         return "returned"
 
     return handler
@@ -463,8 +476,10 @@ def test_a_transaction_ended_inside_its_block_is_never_a_fenced_success(
     happened, neither the effect nor the completion, and the handler goes on; what it
     returns is its result, written as any returned result is. A COMMIT or ROLLBACK
     statement inside the block ends the transaction the completion needed: the attempt
-    fails with an error that says so, and nothing is recorded as a fenced success.
-    Every job ends (none is left running for the rescuer) within one attempt."""
+    fails with an error that says so, and nothing is recorded as a fenced success. So
+    does a statement error the handler caught (the transaction is aborted: the error
+    says how to recover, with a savepoint) and a connection the handler closed. Every
+    job ends (none is left running for the rescuer) within one attempt."""
     cases = [f"end.{kind}{how}" for kind in ("", "sync-") for how in ENDINGS]
     rows, outcomes, code = run_all(db_dsn, client, cases, {})
     with connect(db_dsn) as conn:
@@ -474,12 +489,17 @@ def test_a_transaction_ended_inside_its_block_is_never_a_fenced_success(
             assert rows[name]["result"] == "returned", name
             assert outcomes[name] == ["succeeded"], name
             assert effects(conn, rows[name]["id"]) == 0, name
-            for how, left in (("rollback-sql", 0), ("commit-sql", 1)):
+            for how, left, why in (
+                ("rollback-sql", 0, "ended inside ctx.transaction()"),
+                ("commit-sql", 1, "ended inside ctx.transaction()"),
+                ("caught-error", 0, "a statement in ctx.transaction() failed"),
+                ("close", 0, "the connection is closed"),
+            ):
                 name = f"end.{kind}{how}"
                 row = rows[name]
                 assert row["state"] == "dead", (name, row["state"], row["last_error"])
                 assert outcomes[name] == ["failed"], name
-                assert "ended inside ctx.transaction()" in row["last_error"], row["last_error"]
+                assert why in row["last_error"], (name, row["last_error"])
                 assert row["result"] is None, name
                 # a COMMIT statement had already made the effect durable: the error says
                 # so; a ROLLBACK statement had undone it
