@@ -1,5 +1,6 @@
-"""One worker process: wires producer, executor, completer, heartbeat, listener and
-the maintenance services together, and owns graceful shutdown.
+"""One worker process: wires producer, executor, completer, heartbeat, listener, the
+loop's watch (``loopwatch``) and the maintenance services together, and owns graceful
+shutdown.
 
 The store and the services are arguments (``Worker(..., store=, services=)``): a
 test hands in a store that records or fails statements, or services of its own.
@@ -58,6 +59,7 @@ from deadman.worker.executor import Executor
 from deadman.worker.heartbeat import Heartbeat
 from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
+from deadman.worker.loopwatch import LoopWatch
 from deadman.worker.parts import WorkerParts
 from deadman.worker.producer import Producer
 from deadman.worker.slots import Slots
@@ -243,6 +245,8 @@ class Worker:
             concurrency=s.concurrency,
             handlers=self.registry.types(),
         )
+        watch = LoopWatch()
+        watch.start()
         stop_wait = asyncio.create_task(self._stop.wait())
         done, _ = await asyncio.wait(
             {stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED
@@ -291,6 +295,7 @@ class Worker:
         if self._sync_pool is not None:
             self._sync_pool.close()
         threads.shutdown()
+        watch.stop()
         log.info(
             "worker_stopped",
             worker=self.worker_id,

@@ -27,6 +27,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from structlog.testing import capture_logs
 
+from deadman import metrics
 from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, LeaseLost
@@ -937,6 +938,49 @@ def test_a_handler_pool_timeout_is_a_clear_retryable_error(db_dsn: str) -> None:
         assert "ctx.transaction(): no database connection free within 0.2 s" in message
         assert "all 1 of the worker's handler connections" in message
         assert "retried" in message
+
+
+# ------------------------------------------------------------------ a blocked loop
+
+
+@handlers.handler("block.sleep")
+async def blocking_sleep(job: Job, ctx: JobContext) -> str:
+    time.sleep(1.5)  # noqa: ASYNC251 - the mistake under test: it blocks the loop
+    return "slept"
+
+
+def _blockages() -> float:
+    (metric,) = metrics.EVENT_LOOP_BLOCKED.collect()
+    return next(s.value for s in metric.samples if s.name.endswith("_count"))
+
+
+def test_a_handler_that_blocks_the_event_loop_is_named_while_it_does(
+    db_dsn: str, client: Client, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An async handler that blocks the loop stops every heartbeat, claim and
+    completion of its worker. The worker says so while it lasts, with the loop's
+    stack (whose innermost frame is the handler), then how long it lasted, and counts
+    it in deadman_event_loop_blocked_seconds; the job itself still succeeds."""
+    before = _blockages()
+    seen: list[str] = []
+    with connect(db_dsn) as conn, running_worker(db_dsn, handlers=handlers) as worker:
+        job_id = client.enqueue("block.sleep", max_attempts=1).id
+        wait_for(lambda: _logged(capfd, seen, "event_loop_blocked_for"), 15, message="logged")
+        wait_terminal(conn, [job_id], timeout=15)
+        assert worker.stop(timeout=30) == 0
+        assert job_row(conn, job_id)["state"] == "succeeded"
+    lines = "".join(seen).splitlines()
+    named = [ln for ln in lines if "event_loop_blocked " in ln and "blocking_sleep" in ln]
+    assert named, [ln for ln in lines if "event_loop_blocked" in ln]
+    assert "test_worker_hostile.py" in named[0]
+    ended = [ln for ln in lines if "event_loop_blocked_for" in ln]
+    assert any(int(_field(ln, "blocked_ms")) >= 1000 for ln in ended), ended
+    assert _blockages() >= before + 1
+
+
+def _field(line: str, key: str) -> str:
+    """``key=value`` from a console log line."""
+    return line.split(f"{key}=", 1)[1].split()[0]
 
 
 # ------------------------------------------------------------------ unexpected errors

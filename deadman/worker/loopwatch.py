@@ -1,0 +1,122 @@
+"""Says when something blocks the worker's event loop, and what.
+
+Every async handler, the heartbeat, the claims and the completions share one event
+loop. An async handler that blocks it (``time.sleep``, a blocking client, a long CPU
+loop) stops all of them: no job starts or finishes, and no lease is renewed, so past
+the trust window every job this worker holds is given up and runs again elsewhere.
+Nothing else says why.
+
+Two parts:
+- a tick on the loop every ``interval_s``, which records when it ran; one that runs
+  ``threshold_s`` or more late ends a blockage, logged as ``event_loop_blocked_for``
+  with its length and counted in ``deadman_event_loop_blocked_seconds``;
+- a thread that looks every ``interval_s``: once the loop has not ticked for
+  ``threshold_s``, it reads the loop thread's Python stack (``sys._current_frames``,
+  with the GIL, so the frames hold still) and logs it as ``event_loop_blocked`` (its
+  ``frames``), once per blockage, while it is still going on. The innermost frames
+  name the culprit.
+
+A stack that ends in the loop's own wait is not a handler's doing: the process was not
+given a CPU (a loaded machine, a paused VM) or the GIL was held elsewhere. That is
+logged without a stack, as ``starved``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+
+from deadman import logs, metrics
+
+log = logs.get("deadman.worker")
+
+#: how often the loop ticks and the thread looks
+INTERVAL_S = 0.1
+#: how late a tick must be to count as a blockage: five ticks missed, well past a GC
+#: pause, well short of any lease's trust window
+THRESHOLD_S = 0.5
+#: innermost frames logged
+STACK_FRAMES = 12
+
+
+class LoopWatch:
+    """See the module's docstring. ``start`` on the loop's thread, ``stop`` anywhere."""
+
+    def __init__(self, threshold_s: float = THRESHOLD_S, interval_s: float = INTERVAL_S) -> None:
+        self._threshold = threshold_s
+        self._interval = interval_s
+        self._last = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: the blockage the thread already reported (its last tick's time), if any
+        self._reported: float | None = None
+        #: blockages seen by the tick (for tests and a debugger)
+        self.blockages = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._last = time.monotonic()
+        self._handle = self._loop.call_later(self._interval, self._tick)
+        self._thread = threading.Thread(target=self._watch, name="loopwatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self._interval + 1.0)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        late = now - self._last - self._interval
+        if late >= self._threshold:
+            self.blockages += 1
+            metrics.EVENT_LOOP_BLOCKED.observe(late)
+            log.warning("event_loop_blocked_for", blocked_ms=round(late * 1000))
+        self._last = now
+        if self._loop is not None and not self._stopped.is_set():
+            self._handle = self._loop.call_later(self._interval, self._tick)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._interval):
+            last = self._last
+            if self._loop is None or not self._loop.is_running():
+                continue  # stopped or gone: nothing of its own to block it
+            if self._reported == last:
+                continue  # this blockage is reported; the tick logs its end
+            blocked = time.monotonic() - last - self._interval
+            if blocked < self._threshold:
+                continue
+            self._reported = last
+            stack = loop_stack(self._loop_thread)
+            if stack:
+                log.warning("event_loop_blocked", blocked_ms=round(blocked * 1000), frames=stack)
+            else:
+                log.warning("event_loop_blocked", blocked_ms=round(blocked * 1000), starved=True)
+
+
+def loop_stack(thread_id: int, limit: int = STACK_FRAMES) -> list[str]:
+    """The innermost ``limit`` frames of the thread's Python stack as ``file:line
+    function``, innermost last; empty when it ends in the event loop's own code (the
+    loop waiting for I/O or its timers: nothing of ours or a handler's is running)."""
+    frame: FrameType | None = sys._current_frames().get(thread_id)
+    if frame is None or _in_the_loop(frame):
+        return []
+    summary = traceback.extract_stack(frame, limit=limit)
+    return [f"{f.filename}:{f.lineno} {f.name}" for f in summary]
+
+
+def _in_the_loop(frame: FrameType) -> bool:
+    """The innermost frame is the loop's own: asyncio's selector wait, or, for uvloop
+    (whose loop is C), the asyncio frame that called it."""
+    path = frame.f_code.co_filename.replace("\\", "/")
+    return "/asyncio/" in path or "/uvloop/" in path or path.endswith("/selectors.py")
