@@ -16,9 +16,9 @@ Two parts:
   ``frames``), once per blockage, while it is still going on. The innermost frames
   name the culprit.
 
-A stack that ends in the loop's own wait is not a handler's doing: the process was not
-given a CPU (a loaded machine, a paused VM) or the GIL was held elsewhere. That is
-logged without a stack, as ``starved``.
+A stack that ends in the loop's own code (``in_loop``) names no handler: the loop was
+waiting for I/O while the process got no CPU (a loaded machine, a paused VM) or the
+GIL was held elsewhere, or it was busy scheduling more ready work than it could run.
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ class LoopWatch:
         self._thread: threading.Thread | None = None
         #: the blockage the thread already reported (its last tick's time), if any
         self._reported: float | None = None
-        #: blockages seen by the tick (for tests and a debugger)
-        self.blockages = 0
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -79,7 +77,6 @@ class LoopWatch:
         now = time.monotonic()
         late = now - self._last - self._interval
         if late >= self._threshold:
-            self.blockages += 1
             metrics.EVENT_LOOP_BLOCKED.observe(late)
             log.warning("event_loop_blocked_for", blocked_ms=round(late * 1000))
         self._last = now
@@ -97,22 +94,24 @@ class LoopWatch:
             if blocked < self._threshold:
                 continue
             self._reported = last
-            stack = loop_stack(self._loop_thread)
-            if stack:
-                log.warning("event_loop_blocked", blocked_ms=round(blocked * 1000), frames=stack)
-            else:
-                log.warning("event_loop_blocked", blocked_ms=round(blocked * 1000), starved=True)
+            frames, in_loop = loop_stack(self._loop_thread)
+            log.warning(
+                "event_loop_blocked",
+                blocked_ms=round(blocked * 1000),
+                frames=frames,
+                in_loop=in_loop,
+            )
 
 
-def loop_stack(thread_id: int, limit: int = STACK_FRAMES) -> list[str]:
+def loop_stack(thread_id: int, limit: int = STACK_FRAMES) -> tuple[list[str], bool]:
     """The innermost ``limit`` frames of the thread's Python stack as ``file:line
-    function``, innermost last; empty when it ends in the event loop's own code (the
-    loop waiting for I/O or its timers: nothing of ours or a handler's is running)."""
+    function``, innermost last, and whether the innermost is the event loop's own
+    code (waiting for I/O, or scheduling its callbacks: no handler's line to name)."""
     frame: FrameType | None = sys._current_frames().get(thread_id)
-    if frame is None or _in_the_loop(frame):
-        return []
+    if frame is None:
+        return [], False
     summary = traceback.extract_stack(frame, limit=limit)
-    return [f"{f.filename}:{f.lineno} {f.name}" for f in summary]
+    return [f"{f.filename}:{f.lineno} {f.name}" for f in summary], _in_the_loop(frame)
 
 
 def _in_the_loop(frame: FrameType) -> bool:
