@@ -222,6 +222,10 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     # depends on which of the two runs first after SIGCONT (a heartbeat that finds the
     # completion already in flight leaves the verdict to it), so it is not asserted.
     zombie.wait_event("stale_write_refused", 5, job_id=job.id, action="transaction")
+    # The freeze stopped its event loop too, and the woken worker says for how long
+    # (deadman.worker.loopwatch): the time it was stopped, within a tick or two.
+    blocked = zombie.wait_event("event_loop_blocked_for", 5)
+    assert blocked["blocked_ms"] >= (resumed - stopped) * 1000 - 500, (blocked, resumed - stopped)
     events = sorted({e["event"] for e in zombie.events() if e.get("job_id") == job.id})
     print(f"zombie: its log for the job: {events}, refusals {[r['action'] for r in refusals]}")
 
@@ -519,3 +523,25 @@ def test_poison_pill_does_not_take_its_batch_mates_to_dead(
     wait_fleet_ready(db_dsn, fleet, 2)  # a crashed child may still be restarting
     fleet.send(signal.SIGTERM)
     assert fleet.wait_exit(15) == 0
+
+
+def test_a_handler_that_blocks_the_loop_is_named_in_the_log(
+    db_dsn: str, spawn_worker: SpawnWorker
+) -> None:
+    """A real worker whose async handler blocks the event loop for 1.5 s logs, while it
+    lasts, the loop's stack down to the handler's line (JSON: ``frames``), then how
+    long it lasted; the blocked job and one queued beside it both succeed."""
+    worker = spawn_worker(db_dsn, name="blocked")
+    wait_registered(db_dsn, worker.pid)
+    with Client(db_dsn) as client:
+        blocking = client.enqueue("block-loop", {"ms": 1500})
+        beside = client.enqueue("side-effect")
+    seen = worker.wait_event("event_loop_blocked", 10, in_loop=False)
+    assert seen["frames"][-1].endswith(" block_loop"), seen["frames"]
+    assert "poison_app.py" in seen["frames"][-1], seen["frames"]
+    assert seen["blocked_ms"] >= 500, seen
+    ended = worker.wait_event("event_loop_blocked_for", 10)
+    assert ended["blocked_ms"] >= 1000, ended
+    wait_all_state(db_dsn, [blocking.id, beside.id], "succeeded", timeout=10)
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(10) == 0
