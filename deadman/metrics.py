@@ -101,14 +101,6 @@ RUN_TIME = LoopHistogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
 )
 
-#: Observed on the loop's own tick (deadman.worker.loopwatch), one thread as above.
-EVENT_LOOP_BLOCKED = LoopHistogram(
-    "deadman_event_loop_blocked_seconds",
-    "How long the worker's event loop was blocked (heartbeats, claims and completions"
-    " with it), each time it was for 0.5 s or more",
-    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300),
-)
-
 
 def serve(base_port: int) -> WSGIServer:
     """Serve this process's metrics over HTTP (``deadman worker --metrics-port``) on a

@@ -38,6 +38,7 @@ from deadman.api.telemetry import RequestMetrics
 from deadman.config import Settings
 from deadman.db.migrate import latest_version
 from deadman.db.pool import async_pool
+from deadman.loopwatch import LoopWatch
 from deadman.store import AsyncStore
 from deadman.waiting import AsyncWaiter
 
@@ -71,9 +72,12 @@ def create_app(
         waiter = AsyncWaiter(dsn, pool=pool)
         submitter = GroupCommit(store, settings.max_attempts)
         state.store, state.waiter, state.submitter = store, waiter, submitter
+        watch = LoopWatch()  # every request waits while something blocks the loop
+        watch.start()
         try:
             yield
         finally:
+            watch.stop()
             state.store = state.waiter = state.submitter = None
             await submitter.close()
             await waiter.close()

@@ -49,6 +49,7 @@ from deadman.config import Settings
 from deadman.db.plans import generic_plans
 from deadman.db.pool import async_pool, sync_pool
 from deadman.handlers import builtins
+from deadman.loopwatch import LoopWatch
 from deadman.maintenance import Service
 from deadman.maintenance import services as maintenance_services
 from deadman.registry import Registry
@@ -59,7 +60,6 @@ from deadman.worker.executor import Executor
 from deadman.worker.heartbeat import Heartbeat
 from deadman.worker.inflight import Abort, Inflight
 from deadman.worker.listener import Listener
-from deadman.worker.loopwatch import LoopWatch
 from deadman.worker.parts import WorkerParts
 from deadman.worker.producer import Producer
 from deadman.worker.slots import Slots

@@ -5,7 +5,7 @@
   first, so that jobs claimed in the same batch finish and are written before the
   crash; the test is about the poison pill, not about its collateral.
 - ``block-loop``: an async handler that blocks its worker's event loop for
-  ``{"ms": int}`` with ``time.sleep``, the mistake ``deadman.worker.loopwatch`` names.
+  ``{"ms": int}`` with ``time.sleep``, the mistake ``deadman.loopwatch`` names.
 """
 
 from __future__ import annotations

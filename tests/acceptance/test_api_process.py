@@ -2,20 +2,24 @@
 server is stopped (SIGTERM, then SIGKILL) and started again mid-run. Every request
 the client saw acknowledged is in the database exactly once, under the id it was
 given; requests cut off by a restart are retried with their key and create nothing
-twice.
+twice. Also: its access log, its event loop setting, its stack dump, and its loop's
+watch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -23,6 +27,7 @@ import pytest
 
 from deadman.stackdump import request_dump
 from tests.helpers import wait_for
+from tests.helpers.processes import process_state
 
 JOBS = 150
 SERVE = [sys.executable, "-m", "deadman", "serve"]
@@ -230,4 +235,39 @@ def test_sigusr1_dumps_the_servers_threads_and_it_keeps_serving(server: Server) 
     r = httpx.post(server.url + "/jobs", json={"type": "noop"}, timeout=10)
     assert r.status_code == 201, r.text
     assert server.proc.poll() is None
+    assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+
+
+def test_a_frozen_server_says_how_long_its_loop_stood_still(server: Server) -> None:
+    """``deadman serve`` watches its event loop (deadman.loopwatch): stopped long
+    enough that a request times out, then continued, it logs how long its loop stood
+    still and counts it in its /metrics, and answers again."""
+    server.start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    server.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    wait_for(lambda: process_state(pid) == "T", 5, message="serve to stop")
+    with pytest.raises(httpx.TimeoutException):  # nobody answers while it is stopped
+        httpx.get(server.url + "/health", timeout=1.0)
+    frozen_ms = (time.monotonic() - stopped) * 1000
+    server.proc.send_signal(signal.SIGCONT)
+
+    def blocked_for() -> dict[str, Any] | None:
+        for line in server.tail().splitlines():
+            if line.startswith("{") and '"event_loop_blocked_for"' in line:
+                record: dict[str, Any] = json.loads(line)
+                return record
+        return None
+
+    record = wait_for(blocked_for, 5, message="serve to log event_loop_blocked_for")
+    assert record["blocked_ms"] >= frozen_ms - 500, (record, frozen_ms)
+    r = httpx.get(server.url + "/metrics", timeout=10)  # observed with the log line
+    assert r.status_code == 200, r.text
+    (count,) = [
+        float(line.split()[-1])
+        for line in r.text.splitlines()
+        if line.startswith("deadman_event_loop_blocked_seconds_count ")
+    ]
+    assert count >= 1, r.text[-2000:]
     assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)

@@ -223,7 +223,7 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     # completion already in flight leaves the verdict to it), so it is not asserted.
     zombie.wait_event("stale_write_refused", 5, job_id=job.id, action="transaction")
     # The freeze stopped its event loop too, and the woken worker says for how long
-    # (deadman.worker.loopwatch): the time it was stopped, within a tick or two.
+    # (deadman.loopwatch): the time it was stopped, within a tick or two.
     blocked = zombie.wait_event("event_loop_blocked_for", 5)
     assert blocked["blocked_ms"] >= (resumed - stopped) * 1000 - 500, (blocked, resumed - stopped)
     events = sorted({e["event"] for e in zombie.events() if e.get("job_id") == job.id})

@@ -27,7 +27,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from structlog.testing import capture_logs
 
-from deadman import metrics
+from deadman import loopwatch
 from deadman.client import Client
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, LeaseLost
@@ -950,7 +950,7 @@ async def blocking_sleep(job: Job, ctx: JobContext) -> str:
 
 
 def _blockages() -> float:
-    (metric,) = metrics.EVENT_LOOP_BLOCKED.collect()
+    (metric,) = loopwatch.BLOCKED.collect()
     return next(s.value for s in metric.samples if s.name.endswith("_count"))
 
 

@@ -1,4 +1,4 @@
-"""deadman.worker.loopwatch.loop_stack: what the watch reads from the loop's thread,
+"""deadman.loopwatch.loop_stack: what the watch reads from the loop's thread,
 on uvloop (the worker's default) and on asyncio's own loop."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from deadman.worker.loopwatch import loop_stack
+from deadman.loopwatch import loop_stack
 from tests.helpers import wait_for
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {

@@ -1,10 +1,12 @@
-"""Says when something blocks the worker's event loop, and what.
+"""Says when something blocks a long-running process's event loop, and what.
 
-Every async handler, the heartbeat, the claims and the completions share one event
-loop. An async handler that blocks it (``time.sleep``, a blocking client, a long CPU
-loop) stops all of them: no job starts or finishes, and no lease is renewed, so past
-the trust window every job this worker holds is given up and runs again elsewhere.
-Nothing else says why.
+A worker's async handlers, heartbeat, claims and completions share one event loop. An
+async handler that blocks it (``time.sleep``, a blocking client, a long CPU loop)
+stops all of them: no job starts or finishes, and no lease is renewed, so past the
+trust window every job the worker holds is given up and runs again elsewhere.
+``deadman serve`` answers every request on one loop too, so a blockage there is every
+request's latency. Nothing else says why. Both run a watch (the worker with its tasks,
+serve in the app's lifespan).
 
 Two parts:
 - a tick on the loop every ``interval_s``, which records when it ran; one that runs
@@ -16,7 +18,7 @@ Two parts:
   ``frames``), once per blockage, while it is still going on. The innermost frames
   name the culprit.
 
-A stack that ends in the loop's own code (``in_loop``) names no handler: the loop was
+A stack that ends in the loop's own code (``in_loop``) names no culprit: the loop was
 waiting for I/O while the process got no CPU (a loaded machine, a paused VM) or the
 GIL was held elsewhere, or it was busy scheduling more ready work than it could run.
 """
@@ -30,9 +32,20 @@ import time
 import traceback
 from types import FrameType
 
-from deadman import logs, metrics
+from prometheus_client import Histogram
 
-log = logs.get("deadman.worker")
+from deadman import logs
+
+log = logs.get("deadman.loopwatch")
+
+#: Here rather than in deadman.metrics, which is the worker's: ``deadman serve`` has
+#: a watch too. A plain Histogram: it is observed once per blockage, not per job.
+BLOCKED = Histogram(
+    "deadman_event_loop_blocked_seconds",
+    "How long this process's event loop was blocked (a worker's heartbeats, claims and"
+    " completions with it; deadman serve's requests), each time it was for 0.5 s or more",
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 
 #: how often the loop ticks and the thread looks
 INTERVAL_S = 0.1
@@ -77,7 +90,7 @@ class LoopWatch:
         now = time.monotonic()
         late = now - self._last - self._interval
         if late >= self._threshold:
-            metrics.EVENT_LOOP_BLOCKED.observe(late)
+            BLOCKED.observe(late)
             log.warning("event_loop_blocked_for", blocked_ms=round(late * 1000))
         self._last = now
         if self._loop is not None and not self._stopped.is_set():
