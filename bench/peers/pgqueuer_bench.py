@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
+import asyncpg
 import psycopg
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
