@@ -224,8 +224,15 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
     zombie.wait_event("stale_write_refused", 5, job_id=job.id, action="transaction")
     # The freeze stopped its event loop too, and the woken worker says for how long
     # (deadman.loopwatch): the time it was stopped, within a tick or two.
-    blocked = zombie.wait_event("event_loop_blocked_for", 5)
-    assert blocked["blocked_ms"] >= (resumed - stopped) * 1000 - 500, (blocked, resumed - stopped)
+    # (A loaded machine may have stalled it briefly before: look for the long one.)
+    frozen_ms = (resumed - stopped) * 1000
+    wait_for(
+        lambda: any(
+            e["blocked_ms"] >= frozen_ms - 500 for e in zombie.events("event_loop_blocked_for")
+        ),
+        5,
+        message=f"the zombie to log its loop's {frozen_ms:.0f} ms standstill",
+    )
     events = sorted({e["event"] for e in zombie.events() if e.get("job_id") == job.id})
     print(f"zombie: its log for the job: {events}, refusals {[r['action'] for r in refusals]}")
 
@@ -536,12 +543,21 @@ def test_a_handler_that_blocks_the_loop_is_named_in_the_log(
     with Client(db_dsn) as client:
         blocking = client.enqueue("block-loop", {"ms": 1500})
         beside = client.enqueue("side-effect")
-    seen = worker.wait_event("event_loop_blocked", 10, in_loop=False)
-    assert seen["frames"][-1].endswith(" block_loop"), seen["frames"]
+
+    def named() -> dict[str, Any] | None:  # a loaded machine may add stalls of its own
+        for e in worker.events("event_loop_blocked"):
+            if e["frames"] and e["frames"][-1].endswith(" block_loop"):
+                return e
+        return None
+
+    seen = wait_for(named, 10, message="the worker to name the blocking handler")
     assert "poison_app.py" in seen["frames"][-1], seen["frames"]
-    assert seen["blocked_ms"] >= 500, seen
-    ended = worker.wait_event("event_loop_blocked_for", 10)
-    assert ended["blocked_ms"] >= 1000, ended
+    assert not seen["in_loop"] and seen["blocked_ms"] >= 500, seen
+    wait_for(
+        lambda: any(e["blocked_ms"] >= 1000 for e in worker.events("event_loop_blocked_for")),
+        10,
+        message="the worker to log how long its loop was blocked",
+    )
     wait_all_state(db_dsn, [blocking.id, beside.id], "succeeded", timeout=10)
     worker.send(signal.SIGTERM)
     assert worker.wait_exit(10) == 0
