@@ -349,10 +349,18 @@ class Executor:
                 f"timed out after {job.timeout_ms} ms",
                 AttemptOutcome.TIMED_OUT,
             )
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             reason = held.abort
             if reason is None:
-                raise  # not ours: the loop itself is going down
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # not ours: the loop itself is going down
+                # Nobody cancelled this task: the handler raised it (a library's leaked
+                # cancellation), an error of the attempt like any other. Re-raised, it
+                # would end the task with nothing written, and the job would wait for
+                # its lease to lapse and be rescued, run after run.
+                self._abandon_thread(held, bound)
+                return failure(job, ctx.lease_token, describe(exc), AttemptOutcome.FAILED)
             self._abandon_thread(held, bound)
             if reason is Abort.LEASE_LOST:
                 bound.warning("job_abandoned_lease_lost")

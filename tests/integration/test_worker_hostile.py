@@ -162,6 +162,17 @@ def sync_error_lease_lost(job: Job, ctx: JobContext) -> None:
     raise LeaseLost("raised by the handler, not by the fence")
 
 
+@handlers.handler("e.cancelled")
+async def error_cancelled(job: Job, ctx: JobContext) -> None:
+    # a CancelledError nobody asked for: a library's leaked cancellation, say
+    raise asyncio.CancelledError("not from the worker")
+
+
+@handlers.handler("e.sync-cancelled")
+def sync_error_cancelled(job: Job, ctx: JobContext) -> None:
+    raise asyncio.CancelledError("not from the worker")
+
+
 @handlers.handler("e.system-exit")
 async def system_exit(job: Job, ctx: JobContext) -> None:
     raise SystemExit(3)
@@ -252,6 +263,8 @@ def test_errors_of_every_shape_are_recorded_and_the_worker_survives(
         "e.sync-keyboard-interrupt",
         "e.lease-lost",
         "e.sync-lease-lost",
+        "e.cancelled",
+        "e.sync-cancelled",
     ]
     rows, outcomes, code = run_all(db_dsn, client, types, {"timeout": timeout})
     expect = {
@@ -266,6 +279,9 @@ def test_errors_of_every_shape_are_recorded_and_the_worker_survives(
         # LeaseLost that the fence did not raise is the handler's error like any other
         "e.lease-lost": "LeaseLost: raised by the handler, not by the fence",
         "e.sync-lease-lost": "LeaseLost: raised by the handler, not by the fence",
+        # so is a CancelledError the worker did not cause
+        "e.cancelled": "CancelledError: not from the worker",
+        "e.sync-cancelled": "CancelledError: not from the worker",
     }
     for t in types:
         assert rows[t]["state"] == "dead", (t, rows[t]["last_error"])
