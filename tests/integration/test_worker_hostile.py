@@ -1,7 +1,9 @@
 """Hostile input to a real Worker (in this process, real database): handler results
-and errors Postgres cannot store, handlers that raise BaseException or return a
-coroutine, a completion batch with a row that cannot be written, and a sync handler
-that returns after its lease stopped being trusted.
+and errors Postgres cannot store, handlers that raise BaseException, LeaseLost or
+CancelledError or return a coroutine, handlers that end ctx.transaction()'s
+transaction themselves or use its wrong form, a handler that blocks the event loop, a
+completion batch with a row that cannot be written, and a sync handler that returns
+after its lease stopped being trusted.
 
 The rule for all of them: a clear error on that one attempt, nothing else. No
 crashed task, no dead worker, no other job's outcome lost, and never a success
