@@ -356,10 +356,9 @@ class Executor:
                 if task is not None and task.cancelling():
                     raise  # not ours: the loop itself is going down
                 # Nobody cancelled this task: the handler raised it (a library's leaked
-                # cancellation), an error of the attempt like any other. Re-raised, it
-                # would end the task with nothing written, and the job would wait for
-                # its lease to lapse and be rescued, run after run.
-                self._abandon_thread(held, bound)
+                # cancellation; its thread, if any, has returned), an error of the
+                # attempt like any other. Re-raised, it would end the task with nothing
+                # written, and the job would wait for a rescue, run after run.
                 return failure(job, ctx.lease_token, describe(exc), AttemptOutcome.FAILED)
             self._abandon_thread(held, bound)
             if reason is Abort.LEASE_LOST:

@@ -8,7 +8,6 @@ watch.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,7 +18,6 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -27,7 +25,7 @@ import pytest
 
 from deadman.stackdump import request_dump
 from tests.helpers import wait_for
-from tests.helpers.processes import process_state
+from tests.helpers.processes import log_events, process_state
 
 JOBS = 150
 SERVE = [sys.executable, "-m", "deadman", "serve"]
@@ -253,15 +251,14 @@ def test_a_frozen_server_says_how_long_its_loop_stood_still(server: Server) -> N
     frozen_ms = (time.monotonic() - stopped) * 1000
     server.proc.send_signal(signal.SIGCONT)
 
-    def blocked_for() -> dict[str, Any] | None:  # the freeze's, not a shorter stall
-        for line in server.log.read_text(errors="replace").splitlines():
-            if line.startswith("{") and '"event_loop_blocked_for"' in line:
-                record: dict[str, Any] = json.loads(line)
-                if record["blocked_ms"] >= frozen_ms - 500:
-                    return record
-        return None
-
-    wait_for(blocked_for, 5, message=f"serve to log its loop's {frozen_ms:.0f} ms standstill")
+    wait_for(  # the freeze's, not a shorter stall
+        lambda: any(
+            e["blocked_ms"] >= frozen_ms - 500
+            for e in log_events(server.log.read_text(errors="replace"), "event_loop_blocked_for")
+        ),
+        5,
+        message=f"serve to log its loop's {frozen_ms:.0f} ms standstill",
+    )
     r = httpx.get(server.url + "/metrics", timeout=10)  # observed with the log line
     assert r.status_code == 200, r.text
     (count,) = [

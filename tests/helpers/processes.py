@@ -188,6 +188,22 @@ def db_now(dsn: str) -> Any:
 # --------------------------------------------------------------------------- processes
 
 
+def log_events(text: str, event: str | None = None) -> list[dict[str, Any]]:
+    """A process's JSON log lines (other lines skipped), optionally only those whose
+    ``event`` is ``event``."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by SIGKILL
+        if event is None or record.get("event") == event:
+            out.append(record)
+    return out
+
+
 @dataclass
 class Proc:
     """One process a test started (a worker, a fleet supervisor or a rescuer)."""
@@ -226,17 +242,7 @@ class Proc:
     def events(self, event: str | None = None) -> list[dict[str, Any]]:
         """The JSON log lines (fleet children write to the same file), optionally
         only those whose ``event`` is ``event``."""
-        out: list[dict[str, Any]] = []
-        for line in self.log_text().splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by SIGKILL
-            if event is None or record.get("event") == event:
-                out.append(record)
-        return out
+        return log_events(self.log_text(), event)
 
     def wait_event(self, event: str, timeout: float, **match: Any) -> dict[str, Any]:
         def find() -> dict[str, Any] | None:
