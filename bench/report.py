@@ -1377,25 +1377,31 @@ def _targets_16(data: dict[str, Any], w: Any) -> None:
     )
 
 
+#: Each shapes phase's heading and opening paragraphs, by its key in the results.
+_SHAPE_SECTIONS = {
+    "shapes": ("## Burn-down at the defaults, at concurrency 1 and 8 (one process each)\n",),
+    "sync": (
+        "## Sync handlers: the same shapes, each system's no-op run in a thread\n",
+        "Each system's documented way to run a blocking handler (`bench/run.py`, "
+        "`SYNC_HANDLERS`): Deadman a plain `def` handler (the built-in `cpu` with "
+        "`iterations` 0: one sha256 of the job id, and a small result stored), run in "
+        "the worker's handler threads; pgqueuer an async entrypoint that awaits "
+        "`asyncio.to_thread` (pgqueuer refuses sync entrypoints and says to do this); "
+        "procrastinate a plain `def` task, which it runs in a thread. Jobs, settings and "
+        "verification as in the table above.\n",
+    ),
+}
+
+
 def _shapes(data: dict[str, Any], w: Any, key: str = "shapes") -> None:
     sh = data.get(key)
     if not sh:
         return
-    if key == "sync":
-        w("## Sync handlers: the same shapes, each system's no-op run in a thread\n")
-        w(
-            "Each system's documented way to run a blocking handler (`bench/run.py`, "
-            "`SYNC_HANDLERS`): Deadman a plain `def` handler (the built-in `cpu` with "
-            "`iterations` 0: one sha256 of the job id, and a small result stored), run in "
-            "the worker's handler threads; pgqueuer an async entrypoint that awaits "
-            "`asyncio.to_thread` (pgqueuer refuses sync entrypoints and says to do this); "
-            "procrastinate a plain `def` task, which it runs in a thread. Jobs, settings and "
-            "verification as in the table above.\n"
-        )
-    else:
-        w("## Burn-down at the defaults, at concurrency 1 and 8 (one process each)\n")
+    for paragraph in _SHAPE_SECTIONS[key]:
+        w(paragraph)
     if "error" in sh:
         w(f"FAILED: {sh['error']}\n")
+    # the defaults once, in the first section (the sync one refers back to it)
     read = sh.get("defaults_read", {}) if key == "shapes" else {}
     if read:
         w(
