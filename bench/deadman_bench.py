@@ -107,7 +107,8 @@ def _worker(
     argv += ["--processes", str(processes)]
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
-    return spawn(argv, log, {**DEFAULTS, **(env or {})})
+    # the URL in the environment too: bench_effect_plain's own pool reads it
+    return spawn(argv, log, {**DEFAULTS, "DEADMAN_DATABASE_URL": dsn, **(env or {})})
 
 
 def default_concurrency() -> int:

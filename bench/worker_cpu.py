@@ -55,6 +55,7 @@ def burn(
     job_type: str = "noop",
     payload: Any = None,
     env: dict[str, str] | None = None,
+    app: str | None = None,
 ) -> dict[str, float]:
     """One burn-down by the worker of ``tree`` (``env``: more of its environment): its
     CPU µs per job and jobs/s."""
@@ -66,6 +67,7 @@ def burn(
             n = min(1000, jobs - start)
             client.enqueue_many([client.job(job_type, payload) for _ in range(n)])
     argv = ["worker", "--processes", "1", "--queues", QUEUE, "--concurrency", str(concurrency)]
+    argv += ["--app", app] if app else []
     worker = subprocess.Popen(
         [sys.executable, "-m", "deadman", *argv],
         stdout=log.open("ab"),
@@ -118,6 +120,7 @@ def main() -> None:
     ap.add_argument("--base", help="a git revision to compare with --rev")
     ap.add_argument("--rev", default=".", help="a git revision; '.' is this checkout")
     ap.add_argument("--type", default="noop", help="the jobs' type (a built-in handler)")
+    ap.add_argument("--app", default=None, help="the worker's --app (bench.deadman_app:registry)")
     ap.add_argument("--payload", type=json.loads, default=None, help="the jobs' payload, JSON")
     ap.add_argument(
         "--variant",
@@ -155,6 +158,7 @@ def main() -> None:
                         args.type,
                         args.payload,
                         env,
+                        args.app,
                     )
                     found[name].append(r)
                     print(

@@ -51,6 +51,19 @@ NAME = "pgqueuer"
 #: The sync shapes' entrypoint: pgqueuer refuses a sync entrypoint and says to wrap
 #: blocking code in ``asyncio.to_thread`` (its EntrypointExecutor's error), so this does.
 SYNC_ENTRYPOINT = "noop_sync"
+#: The effect shapes' entrypoint: one row into ``bench_effects`` per job, one INSERT
+#: committed on its own, on a connection of an asyncpg pool of EFFECT_POOL (the size
+#: of Deadman's handler pool at these concurrencies), as a pgqueuer user writes to
+#: the database from a job; at least once (the queue's completion is another commit).
+EFFECT_ENTRYPOINT = "effect"
+EFFECT_POOL = 16
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint NOT NULL)"
+#: what a burn-down's setting says about its entrypoint
+ENTRYPOINT_LABELS = {
+    "noop": "",
+    SYNC_ENTRYPOINT: ", asyncio.to_thread",
+    EFFECT_ENTRYPOINT: f", one INSERT on a pool of {EFFECT_POOL}",
+}
 
 
 def _default(fn: Any, name: str) -> Any:
@@ -68,6 +81,7 @@ def setup(dsn: str) -> None:
         conn = await asyncpg.connect(dsn)
         try:
             await Queries(AsyncpgDriver(conn)).install()
+            await conn.execute(EFFECTS_DDL)
         finally:
             await conn.close()
 
@@ -76,7 +90,9 @@ def setup(dsn: str) -> None:
 
 def truncate(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics RESTART IDENTITY")
+        conn.execute(
+            "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics, bench_effects RESTART IDENTITY"
+        )
         conn.execute("VACUUM ANALYZE pgqueuer")
 
 
@@ -129,12 +145,17 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
         logged, distinct = conn.execute(
             "SELECT count(*), count(DISTINCT job_id) FROM pgqueuer_log WHERE status = 'successful'"
         ).fetchone() or (0, 0)
+        effects = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM bench_effects"
+        ).fetchone() or (0, 0)
     remaining = left[0] if left else -1
     return {
-        "ok": remaining == 0 and logged == distinct == n,
+        # effects: none, or exactly one per job (the effect shapes)
+        "ok": remaining == 0 and logged == distinct == n and effects[0] == effects[1],
         "left_in_queue": remaining,
         "successful_log_rows": logged,
         "distinct_jobs": distinct,
+        "effects": effects[0],
     }
 
 
@@ -174,7 +195,7 @@ def burn_down(
     entrypoint: str = "noop",
 ) -> dict[str, Any]:
     """``batch=None`` and ``concurrency_limit=None``: pgqueuer's own defaults.
-    ``entrypoint``: ``noop`` or SYNC_ENTRYPOINT."""
+    ``entrypoint``: one of ENTRYPOINT_LABELS."""
     truncate(dsn)
     procs = _workers(dsn, processes, batch, logdir, ready, {}, concurrency_limit)
     try:
@@ -209,7 +230,7 @@ def burn_down(
     )
     return {
         "setting": f"{processes} proc, batch_size={batch or DEFAULT_BATCH}, {limit}"
-        + ("" if entrypoint == "noop" else ", asyncio.to_thread"),
+        + ENTRYPOINT_LABELS[entrypoint],
         "processes": processes,
         "batch_size": batch or DEFAULT_BATCH,
         "concurrency_limit": concurrency_limit or DEFAULT_LIMIT,
@@ -269,6 +290,7 @@ async def _worker_main(
     """Only what was given is passed: without options, pgqueuer's defaults."""
     conn = await asyncpg.connect(dsn)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    effects = await asyncpg.create_pool(dsn, min_size=1, max_size=EFFECT_POOL)
 
     async def noop(job: Job) -> None:
         return None
@@ -279,7 +301,11 @@ async def _worker_main(
     async def noop_sync(job: Job) -> None:
         await asyncio.to_thread(nothing, job)
 
-    for name, fn in (("noop", noop), (SYNC_ENTRYPOINT, noop_sync)):
+    async def effect(job: Job) -> None:
+        async with effects.acquire() as c:  # one INSERT, its own commit
+            await c.execute("INSERT INTO bench_effects (job_id) VALUES ($1)", job.id)
+
+    for name, fn in (("noop", noop), (SYNC_ENTRYPOINT, noop_sync), (EFFECT_ENTRYPOINT, effect)):
         if concurrency_limit is None:
             qm.entrypoint(name)(fn)
         else:
@@ -297,6 +323,7 @@ async def _worker_main(
     try:
         await (qm.run() if batch_size is None else qm.run(batch_size=batch_size))
     finally:
+        await effects.close()
         await conn.close()
 
 

@@ -529,6 +529,15 @@ SELECT NULL FROM (
 ) AS idle (value)
 WHERE idle.value IS NULL;
 
+-- name: job_finish_in
+-- ctx.transaction()'s fenced completion, on the handler's connection and inside its
+-- transaction: job_finish_many as the function deadman.job_finish_in (migration
+-- 0025), whose plan is made once per session under the worker's plan settings, where
+-- this statement on the handler's connection was planned afresh on every call
+-- (DECISIONS 113). %(idle_ms)s arms the transaction's idle limit (see job_finish_many).
+SELECT id
+FROM deadman.job_finish_in(%(batch)s::json, %(ids)s::bigint[], %(idle_ms)s::integer) AS f (id);
+
 -- name: job_finish_claim
 -- job_finish_many and job_claim's unkeyed claim in ONE statement (DECISIONS 62): the
 -- completer's refill (DECISIONS 45) writes a batch of outcomes and claims the slots

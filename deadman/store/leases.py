@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from psycopg.rows import tuple_row
+
 from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
@@ -250,12 +252,14 @@ class LeaseStore(AsyncBase):
     async def job_finish_in(
         self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
     ) -> set[int]:
-        """Like job_finish_many, on the caller's connection and inside its transaction,
-        which the server ends if it then sits idle for ``idle_ms`` (job_finish_many
-        arms that limit in the same statement)."""
+        """job_finish_many on the caller's connection and inside its transaction, which
+        the server ends if it then sits idle for ``idle_ms`` (the statement arms that
+        limit). Through deadman.job_finish_in, planned once per session (DECISIONS 113)."""
+        # tuple rows whatever the connection's row factory
         with translate():
-            cur = await conn.execute(QUERIES["job_finish_many"], finish_params(finishes, idle_ms))
-            return {int(r["id"]) for r in await cur.fetchall()}
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(QUERIES["job_finish_in"], finish_params(finishes, idle_ms))
+                return {int(r[0]) for r in await cur.fetchall()}
 
     async def job_heartbeat_many(
         self, p: HeartbeatParams, retry_s: float | None = None

@@ -58,7 +58,7 @@ class SyncStore:
         """See AsyncStore.job_finish_in."""
         # tuple rows whatever the connection's row factory
         with translate(), conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(QUERIES["job_finish_many"], finish_params(finishes, idle_ms))
+            cur.execute(QUERIES["job_finish_in"], finish_params(finishes, idle_ms))
             return {int(r[0]) for r in cur.fetchall()}
 
     def effect_insert(self, conn: SyncConn, job_id: int, lease_token: int) -> None:
