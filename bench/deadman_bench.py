@@ -123,8 +123,12 @@ def _wait_workers(dsn: str, n: int) -> None:
 
 
 def verify(dsn: str, n: int) -> dict[str, Any]:
-    """Every job succeeded, with exactly one attempt row, all 'succeeded'."""
+    """Every job succeeded, with exactly one attempt row, all 'succeeded'; and
+    ``deadman.effects`` holds no row, or exactly one per job (the effect shapes)."""
     with psycopg.connect(dsn) as conn:
+        effects, effect_jobs = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM deadman.effects"
+        ).fetchone() or (0, 0)
         jobs, succeeded = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE state = 'succeeded') FROM deadman.jobs"
         ).fetchone() or (0, 0)
@@ -133,8 +137,10 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
             " count(*) FILTER (WHERE outcome = 'succeeded') FROM deadman.attempts"
         ).fetchone() or (0, 0, 0)
     ok = jobs == succeeded == attempts == distinct == ok_attempts == n
+    ok = ok and effects == effect_jobs and effects in (0, n)
     return {
         "ok": ok,
+        "effects": effects,
         "jobs": jobs,
         "succeeded": succeeded,
         "attempt_rows": attempts,

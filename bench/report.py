@@ -146,6 +146,8 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _burn(data, w, plots, md_path)
     _shapes(data, w)
     _shapes(data, w, "sync")
+    _shapes(data, w, "effects")
+    _effects_runs(w, md_path)
     _ceiling(data, w)
     _latency(data, w, plots, md_path)
     _latency_runs(w, md_path)
@@ -987,6 +989,13 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "handler run in a thread its documented way (the section's own text says "
             "how); same jobs, reps and verification.\n"
         )
+    if "effects" in data:
+        lines.append(
+            "- **Handlers that write one row**: the burn-down shapes again, each job "
+            "writing one row (Deadman exactly once, in `ctx.transaction()`; the peers, "
+            "and Deadman once more, one INSERT of their own; the section says how); same "
+            "jobs and reps, and every effect table checked for one row per job.\n"
+        )
     if "ceiling" in data and "ceiling_s" in plan:
         clients = ", ".join(str(c) for c in plan.get("ceiling_clients", ()))
         lines.append(
@@ -1312,6 +1321,7 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         ("burn", "Burn-down throughput (phase skipped in this run)."),
         ("shapes", "Burn-down at the defaults and at concurrency 1 and 8 (phase skipped)."),
         ("sync", "The same shapes with sync handlers (phase skipped in this run)."),
+        ("effects", "The same shapes with handlers that write one row (phase skipped)."),
         ("ceiling", "The pgbench batched lifecycle ceiling (phase skipped in this run)."),
         ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
         ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
@@ -1390,14 +1400,69 @@ _SHAPE_SECTIONS = {
         "procrastinate a plain `def` task, which it runs in a thread. Jobs, settings and "
         "verification as in the table above.\n",
     ),
+    "effects": (
+        "## Handlers that write one row: exactly once, and the peers' way\n",
+        "Each job's handler writes one row into a table of its system's database "
+        "(`bench/run.py`, `EFFECT_HANDLERS`). Deadman (`bench_effect` in "
+        "`bench/deadman_app.py`): the row and the job's completion in one "
+        "`ctx.transaction()`, so the effect happens exactly once, however often the job "
+        "runs. pgqueuer and procrastinate cannot commit a write with their completion: "
+        "their handlers send one INSERT, committed on its own (pgqueuer on an asyncpg "
+        "pool of 16, procrastinate through its app's connector), and the queue records "
+        "the outcome in a transaction of its own, so a crash in between runs the job "
+        "and its effect again. `deadman_plain` is Deadman with its handler written the "
+        "peers' way (`bench_effect_plain`: one INSERT on a pool of 16 of its own), to "
+        "show what the guarantee costs. Verified as above, and every table holds "
+        "exactly one row per job.\n",
+    ),
+}
+#: the systems of a shapes section, in their order, Deadman's own rows first
+_SHAPE_SYSTEMS = ("deadman", "deadman_plain", *PEERS)
+#: what the effects section calls Deadman's two rows
+_EFFECT_ROWS = {
+    "deadman": "deadman, ctx.transaction()",
+    "deadman_plain": "deadman, one INSERT of its own",
 }
 
 
-def _shapes(data: dict[str, Any], w: Any, key: str = "shapes") -> None:
+def _effects_runs(w: Any, md_path: Path) -> None:
+    """Every committed ``python -m bench.run --only effects`` (full mode) result, oldest
+    first: the effects phase alone, on its own cluster, each with its machine and code."""
+    results = [
+        (path, json.loads(path.read_text()))
+        for path in sorted((md_path.parent / "bench" / "results").glob("full-effects-*.json"))
+    ]
+    if not results:
+        return
+    head, *text = _SHAPE_SECTIONS["effects"]
+    w(head.rstrip("\n") + ": runs on their own\n")
+    w(
+        "From `python -m bench.run --only effects` (full mode), not from the run above: "
+        "the phase alone on its own private durable cluster, the shapes of the run above "
+        "(the defaults, concurrency 1 and 8; Deadman and procrastinate "
+        "with their library defaults, pgqueuer at its own, every case once per rep, "
+        "reps interleaved). " + "".join(text)
+    )
+    for path, data in results:
+        m, v = data["machine"], data.get("versions", {})
+        w(f"### Started {data['started_at']}: code git {data.get('git_head')}\n")
+        _shapes(data, w, "effects", intro=False)
+        w(
+            f"Machine: {_machine_name(m)}, {m['memory_gib']} GiB, kernel {m['kernel']}. "
+            f"Python {v.get('python')}; fingerprint {data.get('code_start')} at start, "
+            f"{data.get('code_end')} at end. Load average at start "
+            f"{data.get('load_start', {}).get('loadavg')}, at end "
+            f"{data.get('load_end', {}).get('loadavg')}. Raw: `{_rel(path, md_path)}`.\n"
+        )
+
+
+def _shapes(data: dict[str, Any], w: Any, key: str = "shapes", intro: bool = True) -> None:
+    """A shapes section (``key``: shapes, sync, effects); ``intro``: its heading and text
+    too."""
     sh = data.get(key)
     if not sh:
         return
-    for paragraph in _SHAPE_SECTIONS[key]:
+    for paragraph in _SHAPE_SECTIONS[key] if intro else ():
         w(paragraph)
     if "error" in sh:
         w(f"FAILED: {sh['error']}\n")
@@ -1427,17 +1492,18 @@ def _shapes(data: dict[str, Any], w: Any, key: str = "shapes") -> None:
             continue
         label = "defaults" if shape == "defaults" else shape.replace("_", " ")
         d = _ok_rate(systems.get("deadman"))
-        for name in ("deadman", *PEERS):
+        for name in _SHAPE_SYSTEMS:
             r = systems.get(name)
             if r is None:
                 continue
+            system = _EFFECT_ROWS.get(name, name) if key == "effects" else name
             if "jobs_per_s" not in r:
                 w(f"| {label} | {name} | | | FAILED: {r.get('error')} | | | | | |")
                 continue
             setting = (
                 f"--concurrency {r.get('concurrency')}"
                 + ("" if r.get("concurrency_flag", True) else " (no flag: the default)")
-                if name == "deadman"
+                if name.startswith("deadman")
                 else str(r.get("setting"))
             )
             cpu, per = r.get("cpu_cores", {}), r.get("cpu_us_per_job")
@@ -1450,7 +1516,7 @@ def _shapes(data: dict[str, Any], w: Any, key: str = "shapes") -> None:
             ok = "yes" if r.get("ok") else "**NO — not a valid number**"
             ratio = "" if name == "deadman" else _ratio(d, _ok_rate(r))
             w(
-                f"| {label} | {name} | {setting} | {_f(r.get('n'))} | {_f(r['jobs_per_s'])} | "
+                f"| {label} | {system} | {setting} | {_f(r.get('n'))} | {_f(r['jobs_per_s'])} | "
                 f"{', '.join(_f(x) for x in r.get('reps', []))} | "
                 f"{cpu.get('workers', 0):.2f} / {cpu.get('postgres', 0):.2f} / "
                 f"{cpu.get('other', 0):.2f} | {us} | {ok} | {ratio} |"

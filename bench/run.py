@@ -354,6 +354,8 @@ class Noops:
     deadman: tuple[str, Any]
     pgqueuer: str
     procrastinate: str
+    #: more Deadman rows, each under a name of its own: (name, (job type, payload))
+    deadman_also: tuple[tuple[str, tuple[str, Any]], ...] = ()
 
 
 ASYNC_NOOPS = Noops(("noop", None), "noop", "noop")
@@ -363,6 +365,18 @@ ASYNC_NOOPS = Noops(("noop", None), "noop", "noop")
 #: ``asyncio.to_thread``, since it refuses sync entrypoints; procrastinate: a plain
 #: ``def`` task).
 SYNC_HANDLERS = Noops(("cpu", {"iterations": 0}), pgq.SYNC_ENTRYPOINT, pro.SYNC_TASK)
+#: The effects phase's handlers: each writes one row per job into a table of the
+#: system's database. Deadman in ``ctx.transaction()``, with the job's completion, so
+#: exactly once (bench.deadman_app ``bench_effect``); the peers one INSERT committed
+#: on its own on a pool of 16 connections, at least once, since neither can commit a
+#: write with its completion; and Deadman again that peers' way
+#: (``bench_effect_plain``, row ``deadman_plain``), to show what the guarantee costs.
+EFFECT_HANDLERS = Noops(
+    ("bench_effect", None),
+    pgq.EFFECT_ENTRYPOINT,
+    pro.EFFECT_TASK,
+    deadman_also=(("deadman_plain", ("bench_effect_plain", None)),),
+)
 
 
 def shapes(
@@ -376,18 +390,18 @@ def shapes(
     concurrency option at all: Deadman's from ``Settings``, whatever this revision
     says), then at each of ``plan.shape_concurrency``; every case once per rep, reps
     interleaved, every run verified exactly once. ``out[shape][system]``. ``noops``:
-    the handlers (SYNC_HANDLERS for the sync phase)."""
+    the handlers (SYNC_HANDLERS for the sync phase, EFFECT_HANDLERS for the effects
+    phase, whose ``deadman_also`` rows are more systems here)."""
     if "DEADMAN_CONCURRENCY" in os.environ:  # the worker would read it: not the default
         raise RuntimeError("unset DEADMAN_CONCURRENCY: the defaults shape measures the default")
     cases: list[tuple[str, str, Callable[[], dict[str, Any]]]] = []
     pro_n = min(plan.shape_n, plan.procrastinate_n)
     pgq_per_slot = plan.pgqueuer_limited_n_per_slot
-    dm_type, dm_payload = noops.deadman
     for shape, c in shape_names(plan):
         cases += [
             (
                 shape,
-                "deadman",
+                name,
                 partial(
                     dm.burn_down,
                     dsns["deadman"],
@@ -395,10 +409,13 @@ def shapes(
                     1,
                     c,
                     logdir,
-                    job_type=dm_type,
-                    payload=dm_payload,
+                    job_type=job_type,
+                    payload=payload,
                 ),
-            ),
+            )
+            for name, (job_type, payload) in (("deadman", noops.deadman), *noops.deadman_also)
+        ]
+        cases += [
             (
                 shape,
                 "pgqueuer",
@@ -580,6 +597,7 @@ PHASES = (
     "burn",
     "shapes",
     "sync",
+    "effects",
     "ceiling",
     "latency",
     "rescue",
@@ -683,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
             "sync",
             lambda: guarded(
                 "sync", lambda: shapes(plan, dsns, logdir, work / "ready", SYNC_HANDLERS)
+            ),
+        )
+        phase(
+            "effects",
+            lambda: guarded(
+                "effects", lambda: shapes(plan, dsns, logdir, work / "ready", EFFECT_HANDLERS)
             ),
         )
         phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
@@ -807,7 +831,7 @@ def _failures(data: dict[str, Any]) -> list[str]:
         if not r.get("ok"):
             label = name if name.startswith("latency") else f"bulk {name}"
             bad.append(f"{label}: {r.get('error') or r.get('verify')}")
-    for key in ("shapes", "sync"):
+    for key in ("shapes", "sync", "effects"):
         sh = data.get(key)
         if sh is None:
             continue

@@ -151,7 +151,10 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
     remaining = left[0] if left else -1
     return {
         # effects: none, or exactly one per job (the effect shapes)
-        "ok": remaining == 0 and logged == distinct == n and effects[0] == effects[1],
+        "ok": remaining == 0
+        and logged == distinct == n
+        and effects[0] == effects[1]
+        and effects[0] in (0, n),
         "left_in_queue": remaining,
         "successful_log_rows": logged,
         "distinct_jobs": distinct,

@@ -43,6 +43,13 @@ NAME = "procrastinate"
 POLLING = float(os.environ.get("BENCH_PRO_POLLING", "5.0"))
 #: The sync shapes' task: a plain ``def``, which procrastinate runs in a thread.
 SYNC_TASK = "noop_sync"
+#: The effect shapes' task: one row into ``bench_effects`` per job, one INSERT
+#: committed on its own through the app's connector (its psycopg pool), at least once
+#: (procrastinate records the outcome in a statement of its own).
+EFFECT_TASK = "effect"
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint NOT NULL)"
+#: what a burn-down's setting says about its task
+TASK_LABELS = {"noop": "", SYNC_TASK: ", a sync task", EFFECT_TASK: ", one INSERT"}
 # procrastinate's own default, read from the installed version (not assumed).
 DEFAULT_CONCURRENCY: int = WORKER_CONCURRENCY
 
@@ -58,6 +65,13 @@ def make_app(dsn: str) -> procrastinate.App:
     def noop_sync() -> None:
         return None
 
+    @app.task(name=EFFECT_TASK, pass_context=True)
+    async def effect(context: procrastinate.JobContext) -> None:
+        assert context.job is not None
+        await app.connector.execute_query_async(
+            "INSERT INTO bench_effects (job_id) VALUES (%(job_id)s)", job_id=context.job.id
+        )
+
     @app.task(name="mark")
     async def mark(i: int, t: float) -> None:
         record(i, t)
@@ -70,6 +84,7 @@ def setup(dsn: str) -> None:
         app = make_app(dsn)
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
+            await app.connector.execute_query_async(EFFECTS_DDL)
 
     asyncio.run(main())
 
@@ -78,7 +93,7 @@ def truncate(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_periodic_defers,"
-            " procrastinate_workers RESTART IDENTITY CASCADE"
+            " procrastinate_workers, bench_effects RESTART IDENTITY CASCADE"
         )
         conn.execute("VACUUM ANALYZE procrastinate_jobs")
 
@@ -126,8 +141,15 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
             "SELECT count(*), count(DISTINCT job_id) FROM procrastinate_events"
             " WHERE type = 'started'"
         ).fetchone() or (0, 0)
+        effects = conn.execute(
+            "SELECT count(*), count(DISTINCT job_id) FROM bench_effects"
+        ).fetchone() or (0, 0)
     return {
-        "ok": jobs == succeeded == started == distinct == n,
+        # effects: none, or exactly one per job (the effect shapes)
+        "ok": jobs == succeeded == started == distinct == n
+        and effects[0] == effects[1]
+        and effects[0] in (0, n),
+        "effects": effects[0],
         "jobs": jobs,
         "succeeded": succeeded,
         "started_events": started,
@@ -190,8 +212,7 @@ def burn_down(
             stop(p)
     conc = DEFAULT_CONCURRENCY if concurrency is None else concurrency
     return {
-        "setting": f"{processes} proc, concurrency={conc}"
-        + ("" if task == "noop" else ", a sync task"),
+        "setting": f"{processes} proc, concurrency={conc}" + TASK_LABELS[task],
         "processes": processes,
         "concurrency": conc,
         "n": n,

@@ -513,30 +513,36 @@ WITH locked AS (
     FROM done
     WHERE finished_token IS NULL  -- a succeeded attempt stays in its job's row
 )
-SELECT id FROM done
-UNION ALL
--- ctx.transaction()'s fenced completion (job_finish_in) passes %(idle_ms)s: from this
--- statement on its transaction holds the job's row lock, and a worker paused or cut
--- off before its COMMIT would keep the job out of the rescuer's reach (SKIP LOCKED
--- passes over it) until TCP keepalive noticed, hours later by default. So the server
--- ends the session once the transaction has sat idle for %(idle_ms)s ms, armed here
--- (local to the transaction) when the statement ends: one round trip, not a
--- set_config of its own before it (DECISIONS 105). NULL (the completer): nothing is
--- set. This branch runs once, after the finish's rows, and returns no row.
-SELECT NULL FROM (
-    SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true)
-    WHERE %(idle_ms)s::integer IS NOT NULL
-) AS idle (value)
-WHERE idle.value IS NULL;
+SELECT id FROM done;
 
--- name: job_finish_in
+-- name: job_succeed_in
 -- ctx.transaction()'s fenced completion, on the handler's connection and inside its
--- transaction: job_finish_many as the function deadman.job_finish_in (migration
--- 0025), whose plan is made once per session under the worker's plan settings, where
--- this statement on the handler's connection was planned afresh on every call
--- (DECISIONS 113). %(idle_ms)s arms the transaction's idle limit (see job_finish_many).
-SELECT id
-FROM deadman.job_finish_in(%(batch)s::json, %(ids)s::bigint[], %(idle_ms)s::integer) AS f (id);
+-- transaction: the success job_finish_many writes for one attempt, as one UPDATE by
+-- primary key (DECISIONS 113). Sent once per exactly-once job, it must be cheap
+-- where job_finish_many's batch machinery (the row lock in id order, the JSON batch,
+-- the history insert) was dear for a batch of one, and planned once: Postgres keeps
+-- its generic plan here after five calls, where the batch statement was planned
+-- afresh on every call on a connection that, being the handler's, cannot force
+-- generic plans. tests/integration/test_succeed_in.py holds the rows it writes to
+-- job_finish_many's, field by field. Fenced as job_finish_many is (the token is set
+-- exactly while the job runs: jobs_lease_iff_running; no `state` test, for the same
+-- plan reason); a cancel asked for meanwhile does not change a success.
+-- From here on the transaction holds the job's row lock, and a worker paused or cut off
+-- before its COMMIT would keep the job out of the rescuer's reach (SKIP LOCKED passes
+-- over it) until TCP keepalive noticed, hours later by default; so the server ends
+-- the session once the transaction has sat idle for %(idle_ms)s ms, armed here (local
+-- to the transaction) with the row's update: one round trip, not a set_config of its
+-- own before it (DECISIONS 105). A refused completion updates no row, takes no lock
+-- and arms nothing: the caller rolls back at once.
+UPDATE deadman.jobs
+SET state = 'succeeded',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = now(),
+    result = %(result)s::jsonb,
+    finished_token = %(token)s::bigint
+WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint
+RETURNING id, set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
 
 -- name: job_finish_claim
 -- job_finish_many and job_claim's unkeyed claim in ONE statement (DECISIONS 62): the

@@ -39,6 +39,7 @@ from deadman.store.leases import (
     claim_params,
     finish_params,
     heartbeat_params,
+    succeed_params,
 )
 from deadman.store.maintenance import PruneParams, Rescued, RescueParams, quarantine_at
 from deadman.store.reads import FINISHED_COUNT_CAP, JobPage, ListParams
@@ -82,5 +83,6 @@ __all__ = [
     "is_transient",
     "match_batch",
     "quarantine_at",
+    "succeed_params",
     "workflow_params",
 ]

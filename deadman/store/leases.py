@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psycopg.rows import tuple_row
-
 from deadman.db import jsoncodec
 from deadman.db.queries import QUERIES
 from deadman.errors import translate
@@ -79,18 +77,28 @@ class Finish:
 
 
 #: How long a handler's transaction may sit idle after its fenced completion before
-#: the server ends it (see job_finish_many): the COMMIT follows at once, so only a
+#: the server ends it (see job_succeed_in): the COMMIT follows at once, so only a
 #: paused or partitioned worker ever comes near it.
 FINISH_IDLE_MS = 5000
 
 
-def finish_params(finishes: Sequence[Finish], idle_ms: int | None = None) -> dict[str, Any]:
-    """job_finish_many's: the batch (_batch_params) and ``idle_ms``, the idle limit of
-    the caller's transaction that the statement arms (ctx.transaction(),
-    job_finish_in), None for none."""
-    params = _batch_params(finishes)
-    params["idle_ms"] = idle_ms
-    return params
+def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
+    """job_finish_many's: the batch (_batch_params)."""
+    return _batch_params(finishes)
+
+
+def succeed_params(finish: Finish, idle_ms: int = FINISH_IDLE_MS) -> dict[str, Any]:
+    """job_succeed_in's: one success, and ``idle_ms``, the idle limit of the caller's
+    transaction that the statement arms."""
+    if finish.state is not JobState.SUCCEEDED or finish.outcome is not AttemptOutcome.SUCCEEDED:
+        raise ValueError(f"job_succeed_in writes successes only, not {finish.state.value}")
+    return {
+        "id": finish.id,
+        "token": finish.token,
+        # passed check_storable (no NaN or infinity): jsoncodec.dumps is exact
+        "result": None if finish.result is None else jsoncodec.dumps(finish.result),
+        "idle_ms": idle_ms,
+    }
 
 
 def _batch_params(finishes: Sequence[Finish]) -> dict[str, Any]:
@@ -249,17 +257,16 @@ class LeaseStore(AsyncBase):
         done = {int(r[at]) for r in rows if r[at] is not None}
         return done, await self._readable(names, [r for r in rows if r[at] is None])
 
-    async def job_finish_in(
-        self, conn: AsyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
-    ) -> set[int]:
-        """job_finish_many on the caller's connection and inside its transaction, which
-        the server ends if it then sits idle for ``idle_ms`` (the statement arms that
-        limit). Through deadman.job_finish_in, planned once per session (DECISIONS 113)."""
-        # tuple rows whatever the connection's row factory
+    async def job_succeed_in(
+        self, conn: AsyncConn, finish: Finish, idle_ms: int = FINISH_IDLE_MS
+    ) -> bool:
+        """The attempt's success on the caller's connection and inside its transaction
+        (ctx.transaction()), which the server ends if it then sits idle for ``idle_ms``
+        (the statement arms that limit). False: the fence refused it (the lease is
+        gone), and nothing was written."""
         with translate():
-            async with conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(QUERIES["job_finish_in"], finish_params(finishes, idle_ms))
-                return {int(r[0]) for r in await cur.fetchall()}
+            cur = await conn.execute(QUERIES["job_succeed_in"], succeed_params(finish, idle_ms))
+            return cur.rowcount == 1
 
     async def job_heartbeat_many(
         self, p: HeartbeatParams, retry_s: float | None = None

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from psycopg.rows import tuple_row
-
 from deadman.db.queries import QUERIES
 from deadman.errors import DatabaseUnavailable, translate
 from deadman.model import Job, Workflow
 from deadman.store import plans
 from deadman.store.conn import SyncConn
 from deadman.store.jobs import NewJob
-from deadman.store.leases import FINISH_IDLE_MS, Finish, finish_params
+from deadman.store.leases import FINISH_IDLE_MS, Finish, succeed_params
 from deadman.store.limits import Limit, LimitParams
 from deadman.store.plan import run_sync
 from deadman.store.plans import workflow_of
@@ -52,14 +50,11 @@ class SyncStore:
         """See :func:`deadman.store.plans.job_insert_many`."""
         return run_sync(conn, plans.job_insert_many(jobs, default_max_attempts))
 
-    def job_finish_in(
-        self, conn: SyncConn, finishes: Sequence[Finish], idle_ms: int = FINISH_IDLE_MS
-    ) -> set[int]:
-        """See AsyncStore.job_finish_in."""
-        # tuple rows whatever the connection's row factory
-        with translate(), conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(QUERIES["job_finish_in"], finish_params(finishes, idle_ms))
-            return {int(r[0]) for r in cur.fetchall()}
+    def job_succeed_in(self, conn: SyncConn, finish: Finish, idle_ms: int = FINISH_IDLE_MS) -> bool:
+        """See AsyncStore.job_succeed_in."""
+        with translate():
+            cur = conn.execute(QUERIES["job_succeed_in"], succeed_params(finish, idle_ms))
+            return cur.rowcount == 1
 
     def effect_insert(self, conn: SyncConn, job_id: int, lease_token: int) -> None:
         with translate():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -205,10 +205,10 @@ class JobContext:
                 " conn.transaction() (a savepoint)"
             )
 
-    def _fence(self, done: Collection[int]) -> None:
+    def _fence(self, written: bool) -> None:
         """The completion was refused (the lease is gone): LeaseLost, and the whole
         transaction rolls back."""
-        if self.job_id not in done:
+        if not written:
             self.mark_lease_lost()
             raise LeaseLost(f"job {self.job_id}: lease {self.lease_token} is gone")
 
@@ -241,28 +241,28 @@ class JobContext:
     @asynccontextmanager
     async def _async_tx(self) -> AsyncIterator[AsyncConn]:
         self._claim_tx(on_loop=True)
-        done: Collection[int] = ()
+        written = False
         async with _async_conn(self._pool) as conn, conn.transaction():
             yield conn
             self._still_open(conn)
             with self._finishing():
-                done = await self._store.job_finish_in(conn, [self._success()])
-            self._fence(done)
+                written = await self._store.job_succeed_in(conn, self._success())
+            self._fence(written)
         # Not reached after an error; after psycopg.Rollback (which conn.transaction()
         # swallows) it is, with nothing written: the handler goes on, not completed.
-        self.completed_in_transaction = self.job_id in done
+        self.completed_in_transaction = written
 
     @contextmanager
     def _sync_tx(self) -> Iterator[SyncConn]:
         self._claim_tx(on_loop=False)
-        done: Collection[int] = ()
+        written = False
         with _sync_conn(self._sync_pool()) as conn, conn.transaction():
             yield conn
             self._still_open(conn)
             with self._finishing():
-                done = self._sync_store.job_finish_in(conn, [self._success()])
-            self._fence(done)
-        self.completed_in_transaction = self.job_id in done  # see _async_tx
+                written = self._sync_store.job_succeed_in(conn, self._success())
+            self._fence(written)
+        self.completed_in_transaction = written  # see _async_tx
 
 
 #: ctx.transaction() in the form that does not fit the thread, by the form used

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 from psycopg.rows import DictRow
 
+from deadman.db.queries import QUERIES
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import Finish, SyncStore
+from deadman.store import Finish, finish_params
 from tests.factories import connect
 from tests.helpers.api import api_client
 
@@ -88,8 +89,10 @@ def claim(conn: psycopg.Connection[Any], job_id: int) -> int:
 def finish(conn: psycopg.Connection[Any], job_id: int, token: int, state: JobState) -> None:
     """End the attempt through the real completion query (job_finish_many)."""
     outcome = AttemptOutcome.SUCCEEDED if state is JobState.SUCCEEDED else AttemptOutcome.FAILED
-    done = SyncStore().job_finish_in(conn, [Finish(job_id, token, state, outcome)])
-    assert done == {job_id}
+    rows = conn.execute(
+        QUERIES["job_finish_many"], finish_params([Finish(job_id, token, state, outcome)])
+    ).fetchall()
+    assert [r["id"] if isinstance(r, dict) else r[0] for r in rows] == [job_id]
 
 
 def run(conn: psycopg.Connection[Any], job_id: int, state: JobState = JobState.SUCCEEDED) -> None:

@@ -62,6 +62,7 @@ from deadman.store import (
     finish_params,
     heartbeat_params,
     plans,
+    succeed_params,
 )
 from deadman.store.leases import refill_params
 from deadman.store.plan import run_sync
@@ -184,7 +185,7 @@ def _finish(  # type: ignore[no-untyped-def]
             both = _rows(conn, "job_finish_claim", refill_params([f], p))
             return [{"id": r["finished"]} for r in both if r["finished"] is not None]
         if effect:  # ctx.transaction()'s completion, which arms the idle limit as well
-            return _rows(conn, "job_finish_in", finish_params([f], 60_000))
+            return _rows(conn, "job_succeed_in", succeed_params(f, 60_000))
         return _rows(conn, "job_finish_many", finish_params([f]))
 
     return run
@@ -422,7 +423,7 @@ STATEMENTS: dict[str, Stmt] = {
         ),
         Stmt(
             "finish_in_transaction",
-            ("job_finish_in", "effect_insert"),
+            ("job_succeed_in", "effect_insert"),
             _finish(S.SUCCEEDED, Out.SUCCEEDED, effect=True),
             _returned_job,
             fenced=True,
@@ -1243,7 +1244,7 @@ def test_a_cancel_cannot_be_left_on_a_job_waiting_in_line(db_dsn: str) -> None:
 #: finishes beside back-to-back vacuums and checks each job ran exactly once.)
 _WRITES_JOBS = re.compile(
     r"\b(UPDATE\s+deadman\.jobs|DELETE\s+FROM\s+deadman\.jobs|INSERT\s+INTO\s+deadman\.jobs"
-    r"|COPY\s+deadman\.jobs|deadman\.job_finish_in)\b",
+    r"|COPY\s+deadman\.jobs)\b",
     re.IGNORECASE,
 )
 #: statements that write deadman.jobs but cannot race an existing row: they create
@@ -1260,7 +1261,7 @@ NOT_RACING_AN_EXISTING_ROW = {
 #: what can lock a row of deadman.jobs (an update, a delete, FOR UPDATE/SHARE, or a
 #: function that updates jobs)
 _LOCKS_JOBS = re.compile(
-    r"\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE)\b|\bdeadman\.job_(rerun|start|finish_in)\b"
+    r"\bFOR\s+(NO\s+KEY\s+)?(UPDATE|SHARE)\b|\bdeadman\.job_(rerun|start)\b"
     r"|\bUPDATE\s+deadman\.jobs\b|\bDELETE\s+FROM\s+deadman\.jobs\b",
     re.IGNORECASE,
 )
@@ -1271,7 +1272,7 @@ NEVER_HOLD_A_DUE_JOB = {
     "job_claim_quarantined": "takes the job: it is running when the lock goes",
     "job_heartbeat_many": "running rows of its lease only",
     "job_finish_many": "running rows of its lease only",
-    "job_finish_in": "running rows of its lease only (job_finish_many in a function)",
+    "job_succeed_in": "the running row of its lease only",
     "job_finish_claim": "running rows of its lease, and the jobs its claim takes",
     "job_rescue_expired": "lapsed running rows; the rescuer wakes the queues it refilled",
     "job_prune_finished": "finished rows only",

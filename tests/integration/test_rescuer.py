@@ -241,7 +241,7 @@ def test_a_handler_transaction_paused_after_its_completion_lets_the_job_go(
         paused.execute(
             "INSERT INTO deadman.effects (job_id, lease_token) VALUES (%s, %s)", (job_id, token)
         )
-        assert SyncStore().job_finish_in(paused, [finish], idle_ms=300) == {job_id}
+        assert SyncStore().job_succeed_in(paused, finish, idle_ms=300)
         assert tick(db_dsn).requeued == []  # locked: the rescuer passes over it
         wait_for(lambda: tick(db_dsn).requeued == [job_id], timeout=10, message="the rescue")
         with pytest.raises(DatabaseUnavailable), translate():

@@ -85,13 +85,13 @@ class Sync:
             got = self.store.workflow_insert(conn, wf, DEFAULT_ATTEMPTS)
         return None if got is None else [_shape(j) for j in got.nodes.values()]
 
-    def finish_in(self, finish: Finish) -> set[int]:
+    def succeed_in(self, finish: Finish) -> bool:
         with psycopg.connect(self.dsn) as conn:
             self.store.effect_insert(conn, finish.id, finish.token)
-            done = self.store.job_finish_in(conn, [finish])
+            written = self.store.job_succeed_in(conn, finish)
             # as ctx.transaction() does: a refused completion takes the effect with it
-            (conn.commit if done else conn.rollback)()
-        return done
+            (conn.commit if written else conn.rollback)()
+        return written
 
     def limits(self, key: str) -> tuple[Limit, Limit | None, list[Limit], bool, bool]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -106,7 +106,7 @@ class Sync:
 
 
 class Async:
-    """The AsyncStore, through its pool (and a connection for job_finish_in)."""
+    """The AsyncStore, through its pool (and a connection for job_succeed_in)."""
 
     name = "async"
 
@@ -150,14 +150,14 @@ class Async:
         got = self._run(lambda s: s.workflow_insert(wf, DEFAULT_ATTEMPTS))
         return None if got is None else [_shape(j) for j in got[1]]
 
-    def finish_in(self, finish: Finish) -> set[int]:
-        async def main() -> set[int]:
+    def succeed_in(self, finish: Finish) -> bool:
+        async def main() -> bool:
             conn = await psycopg.AsyncConnection.connect(self.dsn, row_factory=dict_row)
             async with conn, async_store(self.dsn) as store:
                 await store.effect_insert(conn, finish.id, finish.token)
-                done = await store.job_finish_in(conn, [finish])
-                await (conn.commit() if done else conn.rollback())
-                return done
+                written = await store.job_succeed_in(conn, finish)
+                await (conn.commit() if written else conn.rollback())
+                return written
 
         return run_async(main)
 
@@ -234,8 +234,8 @@ def test_the_fenced_completion_in_the_handlers_transaction(side: Sync | Async, d
     job = run_async(claim)
     assert job.lease is not None
     ok = Finish(job.id, job.lease.token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, result=7)
-    assert side.finish_in(ok) == {job.id}
-    assert side.finish_in(ok) == set()  # the token is spent: refused, effect rolled back
+    assert side.succeed_in(ok) is True
+    assert side.succeed_in(ok) is False  # the token is spent: refused, effect rolled back
     got = side.get(job.id)
     assert got is not None and got.state is JobState.SUCCEEDED and got.result == 7
     with connect(db_dsn) as conn:
@@ -263,7 +263,7 @@ SHARED = [
     "workflow_insert",
     "workflow_get",
     "workflow_get_by_idempotency_key",
-    "job_finish_in",
+    "job_succeed_in",
     "effect_insert",
 ]
 

@@ -16,9 +16,10 @@ from psycopg.rows import DictRow
 
 from deadman.client import Client
 from deadman.config import Settings
+from deadman.db.queries import QUERIES
 from deadman.maintenance import Rescuer
 from deadman.model import AttemptOutcome, JobState
-from deadman.store import Finish, SyncStore, UnknownDependency
+from deadman.store import Finish, UnknownDependency, finish_params
 from tests.factories import attempt_rows, connect, job_row, with_store
 from tests.helpers import wait_for
 from tests.helpers.api import api_client, assert_problem, error_fields
@@ -221,10 +222,9 @@ def test_workflow_cancel_stops_running_nodes_and_finalises_when_they_end(
         ]
         assert job_row(conn, a)["cancel_requested"] is True
         # the worker notices and ends the attempt cancelled
-        done = SyncStore().job_finish_in(
-            conn, [Finish(a, token, JobState.CANCELLED, AttemptOutcome.CANCELLED)]
-        )
-        assert done == {a}
+        ending = Finish(a, token, JobState.CANCELLED, AttemptOutcome.CANCELLED)
+        done = conn.execute(QUERIES["job_finish_many"], finish_params([ending])).fetchall()
+        assert [r["id"] for r in done] == [a]
         r = c.post(f"/workflows/{wf}/cancel")
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
     assert finals(conn, wf) == ["cancelled"]

@@ -306,7 +306,7 @@ def test_a_paused_handler_transaction_is_ended_through_pgbouncer(
     assert job.lease_token is not None
     finish = Finish(job.id, job.lease_token, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)
     with psycopg.connect(bouncer_dsn) as paused:  # a transaction left open, as if frozen
-        assert SyncStore().job_finish_in(paused, [finish], idle_ms=300) == {job.id}
+        assert SyncStore().job_succeed_in(paused, finish, idle_ms=300)
         assert _tick(bouncer_dsn).requeued == []  # locked: the rescuer passes over it
         wait_for(lambda: _tick(bouncer_dsn).requeued == [job.id], 10, message="the rescue")
         with pytest.raises(DatabaseUnavailable), translate():

@@ -40,6 +40,7 @@ from deadman.store import (
     finish_params,
     heartbeat_params,
     maintenance,
+    succeed_params,
     workflow_params,
 )
 from deadman.store.leases import quarantine_claim_params, refill_params
@@ -72,6 +73,9 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     ),
     "finish_params": lambda: finish_params(
         [Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)]
+    ),
+    "succeed_params": lambda: succeed_params(
+        Finish(1, 1, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED), 100
     ),
     "params": lambda: NewJob("t", run_at=datetime.now(UTC)).params(5),
     "workflow_params": lambda: workflow_params(
