@@ -3,8 +3,9 @@
 python -m bench.report bench/results/full-<time>.json   # re-render a run
 
 A full run of every phase renders BENCHMARKS.md, with every committed
-``full-latency-<time>.json`` (``python -m bench.run --only latency``), ``ab-*.json``
-and ``limits-*.json`` in their own sections; any other run renders next to its JSON.
+``full-latency-<time>.json`` (``python -m bench.run --only latency``),
+``full-effects-<time>.json`` (``--only effects``), ``ab-*.json`` and ``limits-*.json``
+in their own sections; any other run renders next to its JSON.
 """
 
 from __future__ import annotations
@@ -1573,7 +1574,7 @@ def write(data: dict[str, Any], md_path: Path, plot_dir: Path) -> None:
 def render_file(src: Path) -> Path:
     """Render one run's raw JSON: a full run of every phase is BENCHMARKS.md (with the
     other committed results, found by name), any other run a report next to its JSON."""
-    from bench.run import PHASES
+    from bench.run import LATER_PHASES, PHASES
 
     raw = json.loads(src.read_text())
     prof_raw = src.with_suffix("") / "deadman-profile.txt"
@@ -1583,7 +1584,8 @@ def render_file(src: Path) -> Path:
 
         prof["groups"] = profile_groups(prof_raw)
     root = Path(__file__).resolve().parent.parent
-    if raw["plan"]["mode"] == "full" and set(PHASES) <= set(raw.get("phases", PHASES)):
+    needed = set(PHASES) - set(LATER_PHASES)
+    if raw["plan"]["mode"] == "full" and needed <= set(raw.get("phases", PHASES)):
         md = root / "BENCHMARKS.md"
         write(raw, md, root / "bench" / "plots")
     else:

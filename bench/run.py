@@ -606,6 +606,10 @@ PHASES = (
     "scale",
     "retention",
 )
+#: Phases a full run made before they existed lacks and is still BENCHMARKS.md
+#: (bench.report.render_file): their runs on their own (``--only effects``) render
+#: into it beside it.
+LATER_PHASES = ("effects",)
 
 
 def main(argv: list[str] | None = None) -> int:
