@@ -251,7 +251,7 @@ def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWor
 
 
 #: Makes one worker's fenced completion of a job slow (test database only): its
-#: backend sleeps inside job_finish_many, so the test can freeze the worker between
+#: backend sleeps inside job_succeed_in, so the test can freeze the worker between
 #: that statement and its COMMIT.
 SLOW_FINISH_SQL = """
 CREATE TABLE public.slow_finish (worker text PRIMARY KEY);
@@ -275,7 +275,7 @@ def test_a_worker_frozen_before_its_commit_does_not_keep_the_job(
     """A worker frozen (SIGSTOP: a VM pause, a partition) after its fenced completion
     inside ctx.transaction() but before the COMMIT holds the job's row lock, and the
     rescuer's SKIP LOCKED passes over a locked row. The completion sets the session's
-    idle-in-transaction limit (job_finish_many, FINISH_IDLE_MS): the server ends the
+    idle-in-transaction limit (job_succeed_in, FINISH_IDLE_MS): the server ends the
     frozen session, its effect and completion roll back, and the job is handed on.
     Woken, the worker's COMMIT fails; one effect survives, the other worker's."""
     zombie = spawn_worker(db_dsn, name="zombie")
