@@ -1322,7 +1322,11 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         ("burn", "Burn-down throughput (phase skipped in this run)."),
         ("shapes", "Burn-down at the defaults and at concurrency 1 and 8 (phase skipped)."),
         ("sync", "The same shapes with sync handlers (phase skipped in this run)."),
-        ("effects", "The same shapes with handlers that write one row (phase skipped)."),
+        (
+            "effects",
+            "The same shapes with handlers that write one row, in this run (phase skipped; "
+            "its runs on their own, if any, are above).",
+        ),
         ("ceiling", "The pgbench batched lifecycle ceiling (phase skipped in this run)."),
         ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
         ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
