@@ -63,8 +63,21 @@ def _twins(conn: psycopg.Connection[DictRow], **kw: Any) -> list[tuple[int, int]
         ({"cancel_requested": True}, "cancel came too late"),
         ({"attempt": 3, "last_error": "ValueError: the first two failed"}, 10**30),
         ({"payload": {"big": "y" * 5000}, "priority": 7, "queue": "q.other"}, "x" * 10_000),
+        # what checked_result lets through at its edges: ~1 MiB, 64 levels, any code point
+        ({}, {"blob": "z" * (1024 * 1024 - 64), "n": -(2**63)}),
+        ({}, {"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}),
+        ({}, {"text": "ünïcödé \u2028 \U0001f600 \\ \" ' $1 %(x)s"}),
     ],
-    ids=["plain", "no-result", "cancel-requested", "third-attempt", "wide-row"],
+    ids=[
+        "plain",
+        "no-result",
+        "cancel-requested",
+        "third-attempt",
+        "wide-row",
+        "a-mebibyte",
+        "nested",
+        "odd-text",
+    ],
 )
 def test_a_success_is_written_as_job_finish_many_writes_it(
     db_dsn: str, kw: dict[str, Any], result: Any
