@@ -63,7 +63,7 @@ def _twins(conn: psycopg.Connection[DictRow], **kw: Any) -> list[tuple[int, int]
         ({"cancel_requested": True}, "cancel came too late"),
         ({"attempt": 3, "last_error": "ValueError: the first two failed"}, 10**30),
         ({"payload": {"big": "y" * 5000}, "priority": 7, "queue": "q.other"}, "x" * 10_000),
-        # what checked_result lets through at its edges: ~1 MiB, 64 levels, any code point
+        # big, deep and odd results: ~1 MiB, 33 levels of nesting, any code point
         ({}, {"blob": "z" * (1024 * 1024 - 64), "n": -(2**63)}),
         ({}, {"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}),
         ({}, {"text": "ünïcödé \u2028 \U0001f600 \\ \" ' $1 %(x)s"}),
