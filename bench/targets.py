@@ -97,6 +97,23 @@ def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
             f"C={c}",
             _peer_label(name, peer) if peer else "no peer verified",
         )
+    for shape, systems in data.get("effects", {}).items():
+        if not isinstance(systems, dict) or shape == "defaults_read":
+            continue
+        peers = [(n, systems[n]) for n in PEERS if _ok_rate(systems.get(n)) is not None]
+        no_peer: tuple[str, dict[str, Any]] = ("best peer", {})
+        name, peer = max(peers, key=lambda x: x[1]["jobs_per_s"], default=no_peer)
+        d = systems.get("deadman", {})
+        dr, pr = _ok_rate(d), _ok_rate(peer)
+        where = "at library defaults" if shape == "defaults" else shape.replace("_", " ")
+        row(
+            f"a handler that writes one row, {where}: Deadman exactly once against the best "
+            "peer's one INSERT, at least once (reported, no target)",
+            f"{_f(dr)} jobs/s (ctx.transaction(), C={d.get('concurrency')})" if dr else "FAILED",
+            f"{_f(pr)} jobs/s ({_peer_label(name, peer)})" if pr else "no peer verified",
+            dr / pr if dr and pr else None,
+            None,
+        )
     if data.get("burn") or shapes:
         d, p = best_burn(data, "deadman"), best_burn(data, "pgqueuer")
         vs(

@@ -167,6 +167,32 @@ def test_a_target_whose_figures_are_missing_is_not_met_nor_failed() -> None:
     assert share["met"] is None
 
 
+def test_the_effects_shapes_are_reported_against_the_best_verified_peer() -> None:
+    data = {
+        "effects": {
+            "defaults_read": {"deadman_concurrency": 200},
+            "defaults": {
+                "deadman": burn(2_000, concurrency=200),
+                "deadman_plain": burn(4_000),  # Deadman's own: never the comparison
+                "pgqueuer": burn(3_000, setting="1 proc"),
+                "procrastinate": burn(5_000, ok=False),  # unverified: not a peer figure
+            },
+            "concurrency_8": {
+                "deadman": burn(1_500, concurrency=8),
+                "pgqueuer": {"ok": False, "error": "boom"},
+                "procrastinate": burn(500, setting="1 proc, concurrency=8"),
+            },
+        }
+    }
+    rows = by_target(targets_16(data))
+    at = rows["a handler that writes one row, at library defaults"]
+    assert at["ratio"] == pytest.approx(2 / 3) and at["met"] is None
+    assert "pgqueuer" in at["other"] and "C=200" in at["deadman"]
+    c8 = rows["a handler that writes one row, concurrency 8"]
+    assert c8["ratio"] == pytest.approx(3.0) and "procrastinate" in c8["other"]
+    assert len(rows) == 2
+
+
 def test_a_run_without_the_phases_has_no_targets() -> None:
     assert targets_16({}) == []
 
