@@ -82,11 +82,6 @@ class Finish:
 FINISH_IDLE_MS = 5000
 
 
-def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
-    """job_finish_many's: the batch (_batch_params)."""
-    return _batch_params(finishes)
-
-
 def succeed_params(finish: Finish, idle_ms: int = FINISH_IDLE_MS) -> dict[str, Any]:
     """job_succeed_in's: one success, and ``idle_ms``, the idle limit of the caller's
     transaction that the statement arms."""
@@ -101,9 +96,9 @@ def succeed_params(finish: Finish, idle_ms: int = FINISH_IDLE_MS) -> dict[str, A
     }
 
 
-def _batch_params(finishes: Sequence[Finish]) -> dict[str, Any]:
-    """The batch as one JSON document (see job_finish_many) and its ids, which let
-    the planner go straight to the primary key."""
+def finish_params(finishes: Sequence[Finish]) -> dict[str, Any]:
+    """job_finish_many's: the batch as one JSON document (see the statement) and its
+    ids, which let the planner go straight to the primary key."""
     batch = [
         {
             "id": f.id,
@@ -132,12 +127,11 @@ def bigint_array(ids: Sequence[int]) -> str:
 
 
 def refill_params(finishes: Sequence[Finish], p: ClaimParams) -> dict[str, Any]:
-    """job_finish_claim's: the batch (_batch_params; no idle limit, the refill runs in
-    autocommit) and claim_params without the keyed switch (the refill claims unkeyed
-    jobs only)."""
+    """job_finish_claim's: the batch (finish_params) and claim_params without the keyed
+    switch (the refill claims unkeyed jobs only)."""
     params = claim_params(p)
     del params["keyed"]
-    return _batch_params(finishes) | params
+    return finish_params(finishes) | params
 
 
 def _storable(text: str) -> str:
