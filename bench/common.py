@@ -200,6 +200,23 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
         proc.wait(5)
 
 
+#: The peers' table for the effect shapes (Deadman's handlers write deadman.effects).
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint NOT NULL)"
+
+
+def effects_once(
+    conn: psycopg.Connection[Any], n: int, table: str = "bench_effects"
+) -> tuple[bool, int]:
+    """The effect shapes' check, every system's: ``table`` (``schema.name`` or a name)
+    holds no row (a shape without effects), or exactly one per job of ``n``. Returns
+    whether it does, and its rows."""
+    query = sql.SQL("SELECT count(*), count(DISTINCT job_id) FROM {}").format(
+        sql.Identifier(*table.split("."))
+    )
+    rows, jobs = conn.execute(query).fetchone() or (0, 0)
+    return rows == jobs and rows in (0, n), int(rows)
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not check():

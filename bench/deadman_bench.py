@@ -29,6 +29,7 @@ from bench.common import (
     cpu_per_job_us,
     cpu_snapshot,
     cpu_used,
+    effects_once,
     latency_summary,
     open_loop,
     pct,
@@ -126,9 +127,7 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
     """Every job succeeded, with exactly one attempt row, all 'succeeded'; and
     ``deadman.effects`` holds no row, or exactly one per job (the effect shapes)."""
     with psycopg.connect(dsn) as conn:
-        effects, effect_jobs = conn.execute(
-            "SELECT count(*), count(DISTINCT job_id) FROM deadman.effects"
-        ).fetchone() or (0, 0)
+        effects_ok, effects = effects_once(conn, n, "deadman.effects")
         jobs, succeeded = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE state = 'succeeded') FROM deadman.jobs"
         ).fetchone() or (0, 0)
@@ -137,7 +136,7 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
             " count(*) FILTER (WHERE outcome = 'succeeded') FROM deadman.attempts"
         ).fetchone() or (0, 0, 0)
     ok = jobs == succeeded == attempts == distinct == ok_attempts == n
-    ok = ok and effects == effect_jobs and effects in (0, n)
+    ok = ok and effects_ok
     return {
         "ok": ok,
         "effects": effects,

@@ -22,12 +22,14 @@ import psycopg
 from procrastinate.worker import WORKER_CONCURRENCY
 
 from bench.common import (
+    EFFECTS_DDL,
     PY,
     Send,
     clean_dir,
     cpu_per_job_us,
     cpu_snapshot,
     cpu_used,
+    effects_once,
     latency_summary,
     mark_ready,
     open_loop,
@@ -47,7 +49,6 @@ SYNC_TASK = "noop_sync"
 #: committed on its own through the app's connector (its psycopg pool), at least once
 #: (procrastinate records the outcome in a statement of its own).
 EFFECT_TASK = "effect"
-EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS bench_effects (job_id bigint NOT NULL)"
 #: what a burn-down's setting says about its task
 TASK_LABELS = {"noop": "", SYNC_TASK: ", a sync task", EFFECT_TASK: ", one INSERT"}
 # procrastinate's own default, read from the installed version (not assumed).
@@ -141,15 +142,10 @@ def verify(dsn: str, n: int) -> dict[str, Any]:
             "SELECT count(*), count(DISTINCT job_id) FROM procrastinate_events"
             " WHERE type = 'started'"
         ).fetchone() or (0, 0)
-        effects = conn.execute(
-            "SELECT count(*), count(DISTINCT job_id) FROM bench_effects"
-        ).fetchone() or (0, 0)
+        effects_ok, effects = effects_once(conn, n)
     return {
-        # effects: none, or exactly one per job (the effect shapes)
-        "ok": jobs == succeeded == started == distinct == n
-        and effects[0] == effects[1]
-        and effects[0] in (0, n),
-        "effects": effects[0],
+        "ok": jobs == succeeded == started == distinct == n and effects_ok,
+        "effects": effects,
         "jobs": jobs,
         "succeeded": succeeded,
         "started_events": started,
