@@ -507,13 +507,31 @@ def _latency(data: dict[str, Any], w: Any, plots: dict[str, Path], md_path: Path
     w("")
 
 
+def _runs_alone(md_path: Path, phase: str) -> list[tuple[Path, dict[str, Any]]]:
+    """Every committed ``python -m bench.run --only <phase>`` (full mode) result next to
+    ``md_path``, oldest first, with its raw JSON."""
+    found = sorted((md_path.parent / "bench" / "results").glob(f"full-{phase}-*.json"))
+    return [(path, json.loads(path.read_text())) for path in found]
+
+
+def _run_machine(data: dict[str, Any], probe: str = "") -> str:
+    """One run's machine, code and load, as a sentence or two (``probe``: more about
+    the machine, after its kernel)."""
+    m, v = data["machine"], data.get("versions", {})
+    return (
+        f"Machine: {_machine_name(m)}, {m['memory_gib']} GiB, kernel {m['kernel']}{probe}. "
+        f"Python {v.get('python')}, deadman {v.get('deadman')} from "
+        f"`{data.get('deadman_from', '?')}`; code measured: git {data.get('git_head')} "
+        f"(fingerprint {data.get('code_start')} at start, {data.get('code_end')} at end). "
+        f"Load average at start {data.get('load_start', {}).get('loadavg')}, at end "
+        f"{data.get('load_end', {}).get('loadavg')}."
+    )
+
+
 def _latency_runs(w: Any, md_path: Path) -> None:
     """Every committed ``python -m bench.run --only latency`` (full mode) result, oldest
     first: the latency phase alone, re-run after the run above, each with its machine."""
-    results = [
-        (path, json.loads(path.read_text()))
-        for path in sorted((md_path.parent / "bench" / "results").glob("full-latency-*.json"))
-    ]
+    results = _runs_alone(md_path, "latency")
     if not results:
         return
     w("## Latency runs on their own: Client.enqueue and AsyncClient.enqueue\n")
@@ -576,7 +594,7 @@ def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> Non
     w("")
     _async_vs_sync(lat, w)
     _sender_lateness(lat, w)
-    m, v = data["machine"], data.get("versions", {})
+    m = data["machine"]
     cp = m.get("commit_probe")
     probe = (
         f"; a durable commit (1-row INSERT) p50 {cp['p50_ms']:.2f} ms, p99 {cp['p99_ms']:.2f} ms"
@@ -597,14 +615,7 @@ def _latency_run(w: Any, path: Path, data: dict[str, Any], md_path: Path) -> Non
         for k, cs in shares.items()
     )
     others = [c["others"] for cs in shares.values() for c in cs]
-    w(
-        f"Machine: {_machine_name(m)}, {m['memory_gib']} GiB, kernel {m['kernel']}{probe}. "
-        f"Python {v.get('python')}, deadman {v.get('deadman')} from "
-        f"`{data.get('deadman_from', '?')}`; code measured: git {data.get('git_head')} "
-        f"(fingerprint {data.get('code_start')} at start, {data.get('code_end')} at end). "
-        f"Load average at start {data.get('load_start', {}).get('loadavg')}, at end "
-        f"{data.get('load_end', {}).get('loadavg')}.\n"
-    )
+    w(_run_machine(data, probe) + "\n")
     if cpu:
         w(
             "During each run, cores busy on the whole machine / of them taken by other "
@@ -1433,10 +1444,7 @@ _EFFECT_ROWS = {
 def _effects_runs(w: Any, md_path: Path) -> None:
     """Every committed ``python -m bench.run --only effects`` (full mode) result, oldest
     first: the effects phase alone, on its own cluster, each with its machine and code."""
-    results = [
-        (path, json.loads(path.read_text()))
-        for path in sorted((md_path.parent / "bench" / "results").glob("full-effects-*.json"))
-    ]
+    results = _runs_alone(md_path, "effects")
     if not results:
         return
     head, *text = _SHAPE_SECTIONS["effects"]
@@ -1449,16 +1457,9 @@ def _effects_runs(w: Any, md_path: Path) -> None:
         "reps interleaved). " + "".join(text)
     )
     for path, data in results:
-        m, v = data["machine"], data.get("versions", {})
         w(f"### Started {data['started_at']}: code git {data.get('git_head')}\n")
         _shapes(data, w, "effects", intro=False)
-        w(
-            f"Machine: {_machine_name(m)}, {m['memory_gib']} GiB, kernel {m['kernel']}. "
-            f"Python {v.get('python')}; fingerprint {data.get('code_start')} at start, "
-            f"{data.get('code_end')} at end. Load average at start "
-            f"{data.get('load_start', {}).get('loadavg')}, at end "
-            f"{data.get('load_end', {}).get('loadavg')}. Raw: `{_rel(path, md_path)}`.\n"
-        )
+        w(f"{_run_machine(data)} Raw: `{_rel(path, md_path)}`.\n")
 
 
 def _shapes(data: dict[str, Any], w: Any, key: str = "shapes", intro: bool = True) -> None:
