@@ -49,6 +49,14 @@ def best_burn(data: dict[str, Any], system: str) -> dict[str, Any] | None:
     return _best_of(rows)
 
 
+def _fastest_peer(systems: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The verified peer of one shape with the most jobs/s, as (name, its result);
+    ("best peer", {}) when none was verified."""
+    peers = [(n, systems[n]) for n in PEERS if _ok_rate(systems.get(n)) is not None]
+    none: tuple[str, dict[str, Any]] = ("best peer", {})
+    return max(peers, key=lambda x: x[1]["jobs_per_s"], default=none)
+
+
 def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 16's targets against one run: each a row of target, Deadman's figure,
     what it is compared with, the ratio and whether it is met (None: not measured
@@ -86,9 +94,7 @@ def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
         if not shape.startswith("concurrency_") or not isinstance(systems, dict):
             continue
         c = shape.removeprefix("concurrency_")
-        peers = [(n, systems[n]) for n in PEERS if _ok_rate(systems.get(n)) is not None]
-        none: tuple[str, dict[str, Any]] = ("best peer", {})
-        name, peer = max(peers, key=lambda x: x[1]["jobs_per_s"], default=none)
+        name, peer = _fastest_peer(systems)
         vs(
             _ok_rate(systems.get("deadman")),
             _ok_rate(peer),
@@ -100,9 +106,7 @@ def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
     for shape, systems in data.get("effects", {}).items():
         if not isinstance(systems, dict) or shape == "defaults_read":
             continue
-        peers = [(n, systems[n]) for n in PEERS if _ok_rate(systems.get(n)) is not None]
-        no_peer: tuple[str, dict[str, Any]] = ("best peer", {})
-        name, peer = max(peers, key=lambda x: x[1]["jobs_per_s"], default=no_peer)
+        name, peer = _fastest_peer(systems)
         d = systems.get("deadman", {})
         dr, pr = _ok_rate(d), _ok_rate(peer)
         where = "at library defaults" if shape == "defaults" else shape.replace("_", " ")
