@@ -18,10 +18,13 @@ Part of ``python -m bench.run`` (phase ``http``); standalone, on its own cluster
     .venv-bench/bin/python -m bench.http_submit --seconds 10 --clients 8
     .venv-bench/bin/python -m bench.http_submit --modes keyed --profile /tmp/serve.txt
     .venv-bench/bin/python -m bench.http_submit --base main --reps 3 --modes keyed
+    .venv-bench/bin/python -m bench.http_submit --modes keyed --servers 2
 
 ``--base REV`` is a before/after: the server of that revision (a ``git worktree``)
 and of this checkout take turns, rep by rep, on one cluster, so a busy machine slows
 both alike; the harness (clients, verification) is this checkout's for both.
+``--servers N`` runs N server processes on the one database and deals the clients out
+among them, as a balancer in front of them would (without the balancer's own cost).
 """
 
 from __future__ import annotations
@@ -75,11 +78,13 @@ def free_port() -> int:
 
 
 def run_mode(
-    base: str, seconds: float, clients: int, mode: str, client: str = "raw"
+    bases: tuple[str, ...], seconds: float, clients: int, mode: str, client: str = "raw"
 ) -> dict[str, Any]:
     """One mode for ``seconds``; returns acknowledged ids, non-201 codes, elapsed time.
     Bounded in time (each client stops at the deadline; requests time out at 10 s) and
-    in count. ``client``: "raw" (see RawHttp) or "httpx"."""
+    in count. ``client``: "raw" (see RawHttp) or "httpx". Client i talks to server
+    ``bases[i % len(bases)]`` (more than one: servers behind a balancer, minus its
+    cost)."""
     ids: list[str] = []
     errors: list[int] = []
     lock = threading.Lock()
@@ -87,7 +92,7 @@ def run_mode(
     max_requests = int(seconds * 20_000)  # per client; far above what one server answers
     batch_body = json.dumps({"jobs": [{"type": "noop"} for _ in range(BATCH)]}).encode()
 
-    def one_client() -> None:
+    def one_client(base: str) -> None:
         mine: list[str] = []
         bad: list[int] = []
         http: RawHttp | HttpxHttp = RawHttp(base) if client == "raw" else HttpxHttp(base)
@@ -115,7 +120,9 @@ def run_mode(
             errors.extend(bad)
 
     started = time.monotonic()
-    threads = [threading.Thread(target=one_client) for _ in range(clients)]
+    threads = [
+        threading.Thread(target=one_client, args=(bases[i % len(bases)],)) for i in range(clients)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -226,8 +233,8 @@ def serve(dsn: str, log: Path, tree: Path = common.ROOT) -> tuple[subprocess.Pop
 
 def measure(
     dsn: str,
-    server: subprocess.Popen[bytes],
-    base: str,
+    servers: list[subprocess.Popen[bytes]],
+    bases: tuple[str, ...],
     mode: str,
     seconds: float,
     clients: int,
@@ -235,20 +242,23 @@ def measure(
     profile: Path | None = None,
     client: str = "raw",
 ) -> dict[str, Any]:
-    """One mode against a running server, with its CPU split and its verification:
-    every acknowledged id stored once, no row that was not acknowledged."""
-    spy = _py_spy(server.pid, profile) if profile is not None else None
-    groups0 = group_commits(base)
+    """One mode against running servers (one, or several sharing the clients), with the
+    CPU split (the servers' together) and the verification: every acknowledged id
+    stored once, no row that was not acknowledged. py-spy samples the first server."""
+    pids = [s.pid for s in servers]
+    spy = _py_spy(pids[0], profile) if profile is not None else None
+    groups0 = [group_commits(b) for b in bases]
     try:
-        cpu0 = common.cpu_snapshot([server.pid])
-        phase = run_mode(base, seconds, clients, mode, client)
-        cores = common.cpu_used(cpu0, phase["elapsed_s"], [server.pid])
+        cpu0 = common.cpu_snapshot(pids)
+        phase = run_mode(bases, seconds, clients, mode, client)
+        cores = common.cpu_used(cpu0, phase["elapsed_s"], pids)
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
-    groups1 = group_commits(base)
-    groups, grouped = groups1[0] - groups0[0], groups1[1] - groups0[1]
+    groups1 = [group_commits(b) for b in bases]
+    groups = sum(after[0] - before[0] for after, before in zip(groups1, groups0, strict=True))
+    grouped = sum(after[1] - before[1] for after, before in zip(groups1, groups0, strict=True))
     acked = len(phase["ids"])
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -279,6 +289,7 @@ def measure(
         "mode": mode,
         "label": MODE_LABELS[mode],
         "clients": clients,
+        "servers": len(servers),
         "acknowledged": acked,
         "requests_per_s": round(acked / per_request / phase["elapsed_s"], 1),
         "jobs_per_s": round(acked / phase["elapsed_s"], 1),
@@ -336,35 +347,50 @@ def run(
     profile: Path | None = None,
     client: str = "raw",
     reps: int = 1,
+    servers: int = 1,
 ) -> dict[str, Any]:
-    """``modes`` against one ``deadman serve`` on ``dsn`` (migrated here), ``reps``
-    rounds of them, every other round in reverse order, so that a slow spell of the
-    box falls on every mode alike; each mode's row is its median round's, with every
-    round's jobs/s beside it (``rounds_jobs_per_s``) and ``ok`` only if every round
-    verified. With ``profile``, py-spy samples the server during the first round's
-    keyed mode into that file."""
+    """``modes`` against ``servers`` ``deadman serve`` processes (one, as issue 16's
+    target says, unless asked) on ``dsn`` (migrated here), the clients dealt out among
+    them, ``reps`` rounds of them, every other round in reverse order, so that a slow
+    spell of the box falls on every mode alike; each mode's row is its median round's,
+    with every round's jobs/s beside it (``rounds_jobs_per_s``) and ``ok`` only if
+    every round verified. With ``profile``, py-spy samples the first server during the
+    first round's keyed mode into that file."""
     migrate(dsn)
     _reset(dsn)
-    server, base = serve(dsn, logdir / "http-serve.log")
+    started: list[subprocess.Popen[bytes]] = []
+    bases: list[str] = []
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     acked_total = 0
     try:
+        for _ in range(servers):
+            server, base = serve(dsn, logdir / "http-serve.log")
+            started.append(server)
+            bases.append(base)
         for rep in range(reps):
             for mode in modes if rep % 2 == 0 else tuple(reversed(modes)):
                 spy = profile if mode == "keyed" and rep == 0 else None
                 n = clients_of(mode, clients)
-                r = measure(dsn, server, base, mode, seconds, n, acked_total, spy, client)
+                r = measure(
+                    dsn, started, tuple(bases), mode, seconds, n, acked_total, spy, client
+                )
                 acked_total += r["acknowledged"]
                 rounds[mode].append(r)
     finally:
-        common.stop(server)
+        for server in started:
+            common.stop(server)
     results = [median_round(rounds[mode]) for mode in modes if rounds[mode]]
     return {
         "clients": clients,
         "client": client,
         "seconds": seconds,
         "reps": reps,
-        "server": "one `deadman serve` process (one uvicorn worker), no job workers",
+        "server": (
+            "one `deadman serve` process (one uvicorn worker), no job workers"
+            if servers == 1
+            else f"{servers} `deadman serve` processes, the clients dealt out among them,"
+            " no job workers"
+        ),
         "results": results,
         "ok": len(results) == len(modes) and all(r["ok"] for r in results),
     }
@@ -419,7 +445,7 @@ def ab(
                     acked = 0
                     for mode in modes:
                         n = clients_of(mode, clients)
-                        r = measure(dsn, server, url, mode, seconds, n, acked, client=client)
+                        r = measure(dsn, [server], (url,), mode, seconds, n, acked, client=client)
                         acked += r["acknowledged"]
                         runs.append({"side": side, "commit": commit, "rep": rep, **r})
                         print(
@@ -466,12 +492,20 @@ def main() -> None:
     parser.add_argument("--base", help="before/after against this revision's server")
     parser.add_argument("--reps", type=int, default=3, help="with --base: runs per side")
     parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="server processes sharing the clients (not with --base; issue 16's target is 1)",
+    )
+    parser.add_argument(
         "--client", choices=("raw", "httpx"), default="raw", help="the load's HTTP client"
     )
     args = parser.parse_args()
     modes = tuple(m for m in args.modes.split(",") if m)
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes: choose from {', '.join(MODES)}")
+    if args.servers < 1 or (args.base and args.servers != 1):
+        parser.error("--servers: 1 or more, and only without --base")
     out = common.ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -482,7 +516,16 @@ def main() -> None:
                 cluster, args.base, args.reps, args.seconds, args.clients, modes, out, args.client
             )
         else:
-            doc = run(dsn, args.seconds, args.clients, out, modes, args.profile, args.client)
+            doc = run(
+                dsn,
+                args.seconds,
+                args.clients,
+                out,
+                modes,
+                args.profile,
+                args.client,
+                servers=args.servers,
+            )
         doc["machine"] = common.machine(dsn)
         doc["load"] = common.load()
     name = "http-ab" if args.base else "http"
