@@ -39,6 +39,17 @@ PY = sys.executable
 # --------------------------------------------------------------------------- cluster
 
 
+#: The io phase's handlers wait this long (ms), each as a handler of its own in every
+#: system (``io_<ms>``): the stand-in for a call to another service, where a job spends
+#: its time waiting, not computing.
+IO_WAITS_MS = (10, 100)
+
+
+def io_name(ms: int) -> str:
+    """The io handler's name (pgqueuer entrypoint, procrastinate task) for one wait."""
+    return f"io_{ms}"
+
+
 @contextlib.contextmanager
 def durable_cluster() -> Iterator[devdb.Cluster]:
     """A fresh durable cluster in a temp dir, destroyed on exit."""

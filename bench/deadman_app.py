@@ -11,6 +11,8 @@
 - ``bench_effect_plain``: the same row written the way a peer's handler writes it
   (bench.peers.pgqueuer_bench's ``effect``): one INSERT committed on its own, on a
   connection of the handler's own pool, at least once.
+- ``bench_io_<ms>`` for each of bench.common.IO_WAITS_MS: awaits that many ms and
+  returns (the io phase: a handler that waits on another service).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import record
+from bench.common import IO_WAITS_MS, io_name, record
 from deadman import Registry
 from deadman.db.queries import QUERIES
 from deadman.model import Job
@@ -40,6 +42,17 @@ async def bench_hold(job: Job, ctx: Any) -> None:
     record(job.id, float(job.rescues))
     if job.rescues == 0:
         await asyncio.sleep(job.payload["ms"] / 1000)
+
+
+def _io(ms: int) -> Any:
+    async def wait(job: Job, ctx: Any) -> None:
+        await asyncio.sleep(ms / 1000)
+
+    return wait
+
+
+for _ms in IO_WAITS_MS:
+    registry.register(f"bench_{io_name(_ms)}", _io(_ms))
 
 
 @registry.handler("bench_effect")

@@ -371,9 +371,7 @@ def run(
             for mode in modes if rep % 2 == 0 else tuple(reversed(modes)):
                 spy = profile if mode == "keyed" and rep == 0 else None
                 n = clients_of(mode, clients)
-                r = measure(
-                    dsn, started, tuple(bases), mode, seconds, n, acked_total, spy, client
-                )
+                r = measure(dsn, started, tuple(bases), mode, seconds, n, acked_total, spy, client)
                 acked_total += r["acknowledged"]
                 rounds[mode].append(r)
     finally:

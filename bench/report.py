@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import plot
 from bench.ab import paired_ratio
 from bench.targets import _deadman_label, _ok_rate, best_burn, targets_16
 from bench.targets import fmt as _f
@@ -148,7 +148,9 @@ def render(data: dict[str, Any], plots: dict[str, Path], md_path: Path) -> str:
     _shapes(data, w)
     _shapes(data, w, "sync")
     _shapes(data, w, "effects")
-    _effects_runs(w, md_path)
+    _phase_runs(w, md_path, "effects", lambda run: _shapes(run, w, "effects", intro=False))
+    _io(data, w)
+    _phase_runs(w, md_path, "io", lambda run: _io(run, w, intro=False))
     _ceiling(data, w)
     _latency(data, w, plots, md_path)
     _latency_runs(w, md_path)
@@ -1008,6 +1010,12 @@ def _method_more(data: dict[str, Any], w: Any) -> None:
             "and Deadman once more, one INSERT of their own; the section says how); same "
             "jobs and reps, and every effect table checked for one row per job.\n"
         )
+    if "io" in data:
+        lines.append(
+            "- **Handlers that wait**: the burn-down shapes again, each job's handler "
+            "awaiting 10 ms, then 100 ms, and returning (the section says how many jobs "
+            "each run gets); same reps and verification.\n"
+        )
     if "ceiling" in data and "ceiling_s" in plan:
         clients = ", ".join(str(c) for c in plan.get("ceiling_clients", ()))
         lines.append(
@@ -1338,6 +1346,11 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
             "The same shapes with handlers that write one row, in this run (phase skipped; "
             "its runs on their own, if any, are above).",
         ),
+        (
+            "io",
+            "The same shapes with handlers that wait 10 ms and 100 ms, in this run (phase "
+            "skipped; its runs on their own, if any, are above).",
+        ),
         ("ceiling", "The pgbench batched lifecycle ceiling (phase skipped in this run)."),
         ("latency", "Enqueue → handler start latency (phase skipped in this run)."),
         ("rescue", "Rescue after SIGKILL (phase skipped in this run)."),
@@ -1432,6 +1445,15 @@ _SHAPE_SECTIONS = {
         "exactly one row per job.\n",
     ),
 }
+_SHAPE_SECTIONS["io"] = (
+    "## Handlers that wait: the same shapes, each job awaiting 10 ms or 100 ms\n",
+    "Each job's handler awaits a fixed time and returns (`bench/run.py`, `io_handlers`: "
+    "Deadman's `bench_io_<ms>` in `bench/deadman_app.py`, pgqueuer's entrypoint and "
+    "procrastinate's task `io_<ms>`), as a handler that calls another service spends its "
+    "time: waiting, not computing. So how many jobs a worker runs at once decides its "
+    "rate: Deadman's default is 200 slots a process, pgqueuer's is no limit, and "
+    "procrastinate's is 1. Verified as above.\n",
+)
 #: the systems of a shapes section, in their order, Deadman's own rows first
 _SHAPE_SYSTEMS = ("deadman", "deadman_plain", *PEERS)
 #: what the effects section calls Deadman's two rows
@@ -1441,16 +1463,17 @@ _EFFECT_ROWS = {
 }
 
 
-def _effects_runs(w: Any, md_path: Path) -> None:
-    """Every committed ``python -m bench.run --only effects`` (full mode) result, oldest
-    first: the effects phase alone, on its own cluster, each with its machine and code."""
-    results = _runs_alone(md_path, "effects")
+def _phase_runs(w: Any, md_path: Path, key: str, render: Callable[[dict[str, Any]], None]) -> None:
+    """Every committed ``python -m bench.run --only <key>`` (full mode) result, oldest
+    first: a shapes phase made after the run above (bench.run.LATER_PHASES) alone, on
+    its own cluster, each ``render``ed with its machine and code."""
+    results = _runs_alone(md_path, key)
     if not results:
         return
-    head, *text = _SHAPE_SECTIONS["effects"]
+    head, *text = _SHAPE_SECTIONS[key]
     w(head.rstrip("\n") + ": runs on their own\n")
     w(
-        "From `python -m bench.run --only effects` (full mode), not from the run above: "
+        f"From `python -m bench.run --only {key}` (full mode), not from the run above: "
         "the phase alone on its own private durable cluster, the shapes of the run above "
         "(the defaults, concurrency 1 and 8; Deadman and procrastinate "
         "with their library defaults, pgqueuer at its own, every case once per rep, "
@@ -1458,8 +1481,31 @@ def _effects_runs(w: Any, md_path: Path) -> None:
     )
     for path, data in results:
         w(f"### Started {data['started_at']}: code git {data.get('git_head')}\n")
-        _shapes(data, w, "effects", intro=False)
+        render(data)
         w(f"{_run_machine(data)} Raw: `{_rel(path, md_path)}`.\n")
+
+
+def _io(data: dict[str, Any], w: Any, intro: bool = True) -> None:
+    """The io phase: a shapes table for each wait (``intro``: the section's heading and
+    text too)."""
+    io = data.get("io")
+    if not io:
+        return
+    for paragraph in _SHAPE_SECTIONS["io"] if intro else ():
+        w(paragraph)
+    if "error" in io:
+        w(f"FAILED: {io['error']}\n")
+        return
+    run_s = data.get("plan", {}).get("io_run_s")
+    w(
+        f"Each run gets at most the jobs its slots finish in {_f(run_s, 1)} s of waiting "
+        "alone (its concurrency, or its system's default where the shape sets none; "
+        "pgqueuer's default is unlimited, so its runs at the defaults get every job), "
+        "so job counts differ between systems.\n"
+    )
+    for wait, by_shape in io.items():
+        w(f"{'###' if intro else '####'} Each job awaits {wait.removesuffix('ms')} ms\n")
+        _shapes({"io": by_shape}, w, "io", intro=False)
 
 
 def _shapes(data: dict[str, Any], w: Any, key: str = "shapes", intro: bool = True) -> None:
@@ -1572,6 +1618,8 @@ def _ceiling(data: dict[str, Any], w: Any) -> None:
 
 
 def write(data: dict[str, Any], md_path: Path, plot_dir: Path) -> None:
+    from bench import plot  # matplotlib: the bench's own venv (bench/requirements.txt)
+
     made = plot.write_all(data, plot_dir)
     md_path.write_text(render(data, made, md_path), encoding="utf-8")
 

@@ -35,12 +35,14 @@ import deadman
 from bench import deadman_bench as dm
 from bench import http_submit, pgbench_ceiling, retention, scale
 from bench.common import (
+    IO_WAITS_MS,
     ROOT,
     code_fingerprint,
     commit_probe,
     cpu_share,
     create_database,
     durable_cluster,
+    io_name,
     load,
     machine,
     median,
@@ -91,6 +93,11 @@ class Plan:
     # dequeue round, and waits its 0.1 s poll between rounds when at the limit
     # (measured: ~10 jobs/s per slot), so it gets this many jobs per slot instead.
     pgqueuer_limited_n_per_slot: int = 250
+    # The io phase's handlers wait (bench.common.IO_WAITS_MS): a run gets at most the
+    # jobs its slots finish in this many seconds of waiting alone (a system's default
+    # concurrency where the shape sets none; pgqueuer's default is unlimited, so its
+    # runs there get shape_n), so that a run at concurrency 1 stays short.
+    io_run_s: float = 3.0
     bulk_per_call: int = 1_000  # bulk_n jobs again, in calls of this many
     ceiling_s: float = 10.0  # seconds per pgbench run
     ceiling_clients: tuple[int, ...] = (2, 4, 8)
@@ -127,6 +134,7 @@ QUICK = Plan(
     retention_hold=(20, 40),
     shape_n=1_000,
     pgqueuer_limited_n_per_slot=25,
+    io_run_s=0.5,
     ceiling_s=3.0,
     ceiling_clients=(4,),
     http_reps=1,
@@ -356,6 +364,8 @@ class Noops:
     procrastinate: str
     #: more Deadman rows, each under a name of its own: (name, (job type, payload))
     deadman_also: tuple[tuple[str, tuple[str, Any]], ...] = ()
+    #: the handlers wait this long (ms) and so each run is bounded by plan.io_run_s
+    wait_ms: int | None = None
 
 
 ASYNC_NOOPS = Noops(("noop", None), "noop", "noop")
@@ -377,6 +387,22 @@ EFFECT_HANDLERS = Noops(
     pro.EFFECT_TASK,
     deadman_also=(("deadman_plain", ("bench_effect_plain", None)),),
 )
+
+
+def io_handlers(ms: int) -> Noops:
+    """The io phase's handlers for one wait: each system's handler awaits ``ms`` and
+    returns (bench.deadman_app ``bench_io_<ms>``; pgqueuer's entrypoint and
+    procrastinate's task ``io_<ms>``), as a handler that calls another service does."""
+    name = io_name(ms)
+    return Noops((f"bench_{name}", None), name, name, wait_ms=ms)
+
+
+def _jobs(plan: Plan, noops: Noops, n: int, slots: int | None) -> int:
+    """A run's jobs: ``n``, or with waiting handlers at most what ``slots`` (None:
+    unlimited) finish in ``plan.io_run_s`` of waiting."""
+    if noops.wait_ms is None or slots is None:
+        return n
+    return min(n, max(1, slots * round(plan.io_run_s * 1000 / noops.wait_ms)))
 
 
 def shapes(
@@ -405,7 +431,7 @@ def shapes(
                 partial(
                     dm.burn_down,
                     dsns["deadman"],
-                    plan.shape_n,
+                    _jobs(plan, noops, plan.shape_n, c or dm.default_concurrency()),
                     1,
                     c,
                     logdir,
@@ -422,7 +448,9 @@ def shapes(
                 partial(
                     pgq.burn_down,
                     dsns["pgqueuer"],
-                    plan.shape_n if c is None else min(plan.shape_n, c * pgq_per_slot),
+                    plan.shape_n
+                    if c is None
+                    else _jobs(plan, noops, min(plan.shape_n, c * pgq_per_slot), c),
                     1,
                     None,  # run()'s default batch_size
                     logdir,
@@ -437,7 +465,7 @@ def shapes(
                 partial(
                     pro.burn_down,
                     dsns["procrastinate"],
-                    pro_n,
+                    _jobs(plan, noops, pro_n, c or pro.DEFAULT_CONCURRENCY),
                     1,
                     c,
                     logdir,
@@ -458,6 +486,12 @@ def shapes(
     for (shape, name, _), res in zip(cases, results, strict=True):
         out.setdefault(shape, {})[name] = res
     return out
+
+
+def io(plan: Plan, dsns: dict[str, str], logdir: Path, ready: Path) -> dict[str, Any]:
+    """The shapes again with handlers that wait (bench.common.IO_WAITS_MS), by wait:
+    ``out["<ms>ms"][shape][system]``."""
+    return {f"{ms}ms": shapes(plan, dsns, logdir, ready, io_handlers(ms)) for ms in IO_WAITS_MS}
 
 
 def ceiling(plan: Plan, cluster: Any) -> dict[str, Any]:
@@ -598,6 +632,7 @@ PHASES = (
     "shapes",
     "sync",
     "effects",
+    "io",
     "ceiling",
     "latency",
     "rescue",
@@ -609,7 +644,7 @@ PHASES = (
 #: Phases a full run made before they existed lacks and is still BENCHMARKS.md
 #: (bench.report.render_file): their runs on their own (``--only effects``) render
 #: into it beside it.
-LATER_PHASES = ("effects",)
+LATER_PHASES = ("effects", "io")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -713,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
                 "effects", lambda: shapes(plan, dsns, logdir, work / "ready", EFFECT_HANDLERS)
             ),
         )
+        phase("io", lambda: guarded("io", lambda: io(plan, dsns, logdir, work / "ready")))
         phase("ceiling", lambda: guarded("ceiling", lambda: ceiling(plan, cluster)))
         phase("latency", lambda: latency(plan, dsns, work, logdir))
         phase(

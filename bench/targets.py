@@ -103,21 +103,41 @@ def targets_16(data: dict[str, Any]) -> list[dict[str, Any]]:
             f"C={c}",
             _peer_label(name, peer) if peer else "no peer verified",
         )
-    for shape, systems in data.get("effects", {}).items():
-        if not isinstance(systems, dict) or shape == "defaults_read":
-            continue
-        name, peer = _fastest_peer(systems)
-        d = systems.get("deadman", {})
-        dr, pr = _ok_rate(d), _ok_rate(peer)
-        where = "at library defaults" if shape == "defaults" else shape.replace("_", " ")
-        row(
-            f"a handler that writes one row, {where}: Deadman exactly once against the best "
-            "peer's one INSERT, at least once (reported, no target)",
-            f"{_f(dr)} jobs/s (ctx.transaction(), C={d.get('concurrency')})" if dr else "FAILED",
-            f"{_f(pr)} jobs/s ({_peer_label(name, peer)})" if pr else "no peer verified",
-            dr / pr if dr and pr else None,
-            None,
+    # Shapes reported beside the targets, without one: (what the handler does, how
+    # Deadman's row is labelled, the shapes' results)
+    reported = [
+        (
+            "a handler that writes one row, {where}: Deadman exactly once against the best "
+            "peer's one INSERT, at least once",
+            "ctx.transaction(), ",
+            data.get("effects", {}),
         )
+    ]
+    reported += [
+        (
+            f"a handler that awaits {wait.removesuffix('ms')} ms, {{where}}: Deadman against "
+            "the best peer",
+            "",
+            by_shape,
+        )
+        for wait, by_shape in data.get("io", {}).items()
+        if isinstance(by_shape, dict)
+    ]
+    for what, how, by_shape in reported:
+        for shape, systems in by_shape.items():
+            if not isinstance(systems, dict) or shape == "defaults_read":
+                continue
+            name, peer = _fastest_peer(systems)
+            d = systems.get("deadman", {})
+            dr, pr = _ok_rate(d), _ok_rate(peer)
+            where = "at library defaults" if shape == "defaults" else shape.replace("_", " ")
+            row(
+                what.format(where=where) + " (reported, no target)",
+                f"{_f(dr)} jobs/s ({how}C={d.get('concurrency')})" if dr else "FAILED",
+                f"{_f(pr)} jobs/s ({_peer_label(name, peer)})" if pr else "no peer verified",
+                dr / pr if dr and pr else None,
+                None,
+            )
     if data.get("burn") or shapes:
         d, p = best_burn(data, "deadman"), best_burn(data, "pgqueuer")
         vs(

@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from pgqueuer.queries import Queries
 
 from bench.common import (
     EFFECTS_DDL,
+    IO_WAITS_MS,
     PY,
     Send,
     clean_dir,
@@ -38,6 +39,7 @@ from bench.common import (
     cpu_snapshot,
     cpu_used,
     effects_once,
+    io_name,
     latency_summary,
     mark_ready,
     open_loop,
@@ -64,6 +66,7 @@ ENTRYPOINT_LABELS = {
     "noop": "",
     SYNC_ENTRYPOINT: ", asyncio.to_thread",
     EFFECT_ENTRYPOINT: f", one INSERT on a pool of {EFFECT_POOL}",
+    **{io_name(ms): f", awaits {ms} ms" for ms in IO_WAITS_MS},
 }
 
 
@@ -303,7 +306,15 @@ async def _worker_main(
         async with effects.acquire() as c:  # one INSERT, its own commit
             await c.execute("INSERT INTO bench_effects (job_id) VALUES ($1)", job.id)
 
-    for name, fn in (("noop", noop), (SYNC_ENTRYPOINT, noop_sync), (EFFECT_ENTRYPOINT, effect)):
+    def waits(ms: int) -> Callable[[Job], Awaitable[None]]:
+        async def io(job: Job) -> None:
+            await asyncio.sleep(ms / 1000)
+
+        return io
+
+    handlers = [("noop", noop), (SYNC_ENTRYPOINT, noop_sync), (EFFECT_ENTRYPOINT, effect)]
+    handlers += [(io_name(ms), waits(ms)) for ms in IO_WAITS_MS]
+    for name, fn in handlers:
         if concurrency_limit is None:
             qm.entrypoint(name)(fn)
         else:

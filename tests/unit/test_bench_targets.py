@@ -202,3 +202,38 @@ def test_best_burn_takes_the_shapes_and_skips_unverified_runs() -> None:
     assert best_burn(data, "deadman") == data["shapes"]["concurrency_8"]["deadman"]
     assert best_burn(data, "pgqueuer") == data["burn"]["pgqueuer"][0]
     assert best_burn({}, "deadman") is None
+
+
+def test_the_io_shapes_are_reported_by_wait_against_the_best_verified_peer() -> None:
+    data = {
+        "io": {
+            "10ms": {
+                "defaults_read": {"deadman_concurrency": 200},
+                "defaults": {
+                    "deadman": burn(12_000, concurrency=200),
+                    "pgqueuer": burn(6_000, setting="1 proc"),
+                    "procrastinate": burn(60, setting="1 proc"),
+                },
+            },
+            "100ms": {
+                "defaults": {
+                    "deadman": burn(1_900, concurrency=200),
+                    "pgqueuer": burn(5_700, setting="1 proc"),
+                    "procrastinate": burn(9, ok=False),  # unverified: not a peer figure
+                },
+                "concurrency_8": {
+                    "deadman": {"ok": False, "error": "boom"},
+                    "pgqueuer": burn(50, setting="1 proc, concurrency_limit=8"),
+                },
+            },
+        }
+    }
+    rows = by_target(targets_16(data))
+    ten = rows["a handler that awaits 10 ms, at library defaults"]
+    assert ten["ratio"] == pytest.approx(2.0) and ten["met"] is None
+    assert "pgqueuer" in ten["other"] and "C=200" in ten["deadman"]
+    hundred = rows["a handler that awaits 100 ms, at library defaults"]
+    assert hundred["ratio"] == pytest.approx(1_900 / 5_700) and hundred["met"] is None
+    failed = rows["a handler that awaits 100 ms, concurrency 8"]
+    assert failed["ratio"] is None and failed["deadman"] == "FAILED"
+    assert len(rows) == 3
