@@ -1450,9 +1450,8 @@ _SHAPE_SECTIONS["io"] = (
     "Each job's handler awaits a fixed time and returns (`bench/run.py`, `io_handlers`: "
     "Deadman's `bench_io_<ms>` in `bench/deadman_app.py`, pgqueuer's entrypoint and "
     "procrastinate's task `io_<ms>`), as a handler that calls another service spends its "
-    "time: waiting, not computing. So how many jobs a worker runs at once decides its "
-    "rate: Deadman's default is 200 slots a process, pgqueuer's is no limit, and "
-    "procrastinate's is 1. Verified as above.\n",
+    "time: waiting, not computing, so how many jobs a worker runs at once decides its "
+    "rate. Verified as above.\n",
 )
 #: the systems of a shapes section, in their order, Deadman's own rows first
 _SHAPE_SYSTEMS = ("deadman", "deadman_plain", *PEERS)
@@ -1497,7 +1496,13 @@ def _io(data: dict[str, Any], w: Any, intro: bool = True) -> None:
         w(f"FAILED: {io['error']}\n")
         return
     run_s = data.get("plan", {}).get("io_run_s")
+    read = next((s["defaults_read"] for s in io.values() if "defaults_read" in s), {})
+    limit = read.get("pgqueuer_concurrency_limit")
     w(
+        "At their defaults (read from the measured code) a process runs at most "
+        f"{_f(read.get('deadman_concurrency'))} jobs at once in Deadman, "
+        f"{'no limit' if limit == 0 else _f(limit)} in pgqueuer and "
+        f"{_f(read.get('procrastinate_concurrency'))} in procrastinate. "
         f"Each run gets at most the jobs its slots finish in {_f(run_s, 1)} s of waiting "
         "alone (its concurrency, or its system's default where the shape sets none; "
         "pgqueuer's default is unlimited, so its runs at the defaults get every job), "

@@ -27,7 +27,11 @@ def io_data() -> dict[str, Any]:
         "plan": {"io_run_s": 3.0},
         "io": {
             "10ms": {
-                "defaults_read": {"deadman_concurrency": 200},
+                "defaults_read": {
+                    "deadman_concurrency": 200,
+                    "pgqueuer_concurrency_limit": 0,
+                    "procrastinate_concurrency": 1,
+                },
                 "defaults": {
                     "deadman": run(12_000, concurrency=200, concurrency_flag=False),
                     "pgqueuer": run(6_000, setting="1 proc, awaits 10 ms"),
@@ -65,6 +69,10 @@ def test_each_wait_gets_its_table_with_deadman_against_each_peer() -> None:
     pro = next(line for line in hundred if "| procrastinate |" in line)
     assert "**NO — not a valid number**" in pro
     assert any("3.0 s of waiting alone" in line for line in lines)
+    assert any(
+        "at most 200 jobs at once in Deadman, no limit in pgqueuer and 1 in procrastinate" in line
+        for line in lines
+    )
 
 
 def test_a_failed_phase_says_so() -> None:
