@@ -5,13 +5,17 @@ compares settings of one revision).
     python -m bench.env_ab --variant base= --variant c200=DEADMAN_CONCURRENCY=200
     python -m bench.env_ab --processes 2 --concurrency 500 --reps 5 \\
         --variant one=DEADMAN_COMPLETER_FLUSHES=1 --variant two=
+    python -m bench.env_ab --type bench_io_100 --jobs 10000 \\
+        --variant c200= --variant c1000=DEADMAN_CONCURRENCY=1000
 
 Each variant gets its own database of one private durable cluster; the variants take
 turns within each rep, so a busy machine slows them alike, and the turn order rotates
 rep by rep. Each variant is reported against the first as a ratio of medians and rep
 by rep (the median of each rep's own ratio; DECISIONS 82). ``--concurrency`` omitted:
 the worker gets no ``--concurrency`` flag (the defaults shape), so
-``DEADMAN_CONCURRENCY`` in a variant applies. Every run must verify exactly once.
+``DEADMAN_CONCURRENCY`` in a variant applies. ``--type``: the jobs' type, a built-in
+handler or one of ``bench/deadman_app.py`` (e.g. ``bench_io_100``, which awaits 100 ms).
+Every run must verify exactly once.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, help="omitted: no flag (the default)")
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--type", default="noop", help="the jobs' type (default: noop)")
     ap.add_argument("--out", help="raw JSON path")
     args = ap.parse_args(argv)
     variants: dict[str, dict[str, str]] = dict(args.variant)
@@ -81,7 +86,14 @@ def main(argv: list[str] | None = None) -> int:
                 saved = {var: os.environ.get(var) for var in env}
                 os.environ.update(env)  # the worker inherits it (bench.common.spawn)
                 try:
-                    r = dm.burn_down(dbs[name], args.jobs, args.processes, args.concurrency, logdir)
+                    r = dm.burn_down(
+                        dbs[name],
+                        args.jobs,
+                        args.processes,
+                        args.concurrency,
+                        logdir,
+                        job_type=args.type,
+                    )
                 finally:
                     for var, old in saved.items():
                         if old is None:

@@ -1380,8 +1380,9 @@ def _not_measured(data: dict[str, Any], w: Any) -> None:
         )
     gaps += [
         "- Latency at other offered loads (only one rate is measured), and oban (Python).",
-        "- HTTP with several `deadman serve` processes, or with workers running at the same "
-        "time as the submissions.",
+        "- HTTP with several `deadman serve` processes in this run (`python -m "
+        "bench.http_submit --servers N` measures them on their own), or with workers "
+        "running at the same time as the submissions.",
         "- Claim latency under contention (several claimers at once) at the scale points; "
         "the scale phase times one claimer.",
         "- Before/after of the peers' and Deadman's other phases (bulk, latency, scale): "
@@ -1496,7 +1497,9 @@ def _io(data: dict[str, Any], w: Any, intro: bool = True) -> None:
         w(f"FAILED: {io['error']}\n")
         return
     run_s = data.get("plan", {}).get("io_run_s")
-    read = next((s["defaults_read"] for s in io.values() if "defaults_read" in s), {})
+    read: dict[str, Any] = next(
+        (s["defaults_read"] for s in io.values() if "defaults_read" in s), {}
+    )
     limit = read.get("pgqueuer_concurrency_limit")
     w(
         "At their defaults (read from the measured code) a process runs at most "

@@ -312,7 +312,11 @@ async def _worker_main(
 
         return io
 
-    handlers = [("noop", noop), (SYNC_ENTRYPOINT, noop_sync), (EFFECT_ENTRYPOINT, effect)]
+    handlers: list[tuple[str, Callable[[Job], Awaitable[None]]]] = [
+        ("noop", noop),
+        (SYNC_ENTRYPOINT, noop_sync),
+        (EFFECT_ENTRYPOINT, effect),
+    ]
     handlers += [(io_name(ms), waits(ms)) for ms in IO_WAITS_MS]
     for name, fn in handlers:
         if concurrency_limit is None:
