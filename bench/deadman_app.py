@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -44,7 +45,9 @@ async def bench_hold(job: Job, ctx: Any) -> None:
         await asyncio.sleep(job.payload["ms"] / 1000)
 
 
-def _io(ms: int) -> Any:
+def _io(ms: int) -> Callable[[Job, Any], Awaitable[None]]:
+    """A handler that awaits ``ms`` and returns."""
+
     async def wait(job: Job, ctx: Any) -> None:
         await asyncio.sleep(ms / 1000)
 
