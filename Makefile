@@ -73,7 +73,7 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(BENCH_BIN)/pip install --disable-pip-version-check -q -e . -r bench/requirements.txt
 	touch $@
 
-bench: $(BENCH_STAMP) ## Full benchmarks (peers, HTTP, 1M-job scale, 10-min retention; ~40 min): BENCHMARKS.md
+bench: $(BENCH_STAMP) ## Full benchmarks (peers, HTTP, 1M-job scale, 10-min retention; ~60 min on 2 cores): BENCHMARKS.md
 	$(BENCH_BIN)/python -m bench.run
 
 bench-quick: $(BENCH_STAMP) ## Benchmark smoke run of every phase (< 5 min), written under bench/results/

@@ -3,7 +3,7 @@
     python -m bench.run            # full: 20,000 jobs, median of 3, issue 16's shapes
                                    # (defaults, concurrency 1 and 8, bulk in 1,000-job
                                    # calls, the pgbench ceiling), 1M-job scale, 10-minute
-                                   # retention run (make bench, aim < 35 min)
+                                   # retention run (make bench: 58 min on 2 cores)
     python -m bench.run --quick    # smoke: small counts, 1 rep, every phase (make
                                    # bench-quick, ~7 min on a busy 2-core machine)
     python -m bench.run --only http,scale   # a subset of the phases
