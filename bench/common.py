@@ -50,6 +50,21 @@ def io_name(ms: int) -> str:
     return f"io_{ms}"
 
 
+#: what a run's setting says about each io handler (the peers' labels)
+IO_LABELS = {io_name(ms): f", awaits {ms} ms" for ms in IO_WAITS_MS}
+
+
+def io_handler(ms: int) -> Callable[..., Awaitable[None]]:
+    """The io phase's handler for one wait, every system's: it awaits ``ms`` and
+    returns, whatever it is called with (Deadman passes the job and its context,
+    pgqueuer the job, procrastinate nothing)."""
+
+    async def wait(*_: Any) -> None:
+        await asyncio.sleep(ms / 1000)
+
+    return wait
+
+
 @contextlib.contextmanager
 def durable_cluster() -> Iterator[devdb.Cluster]:
     """A fresh durable cluster in a temp dir, destroyed on exit."""

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import IO_WAITS_MS, io_name, record
+from bench.common import IO_WAITS_MS, io_handler, io_name, record
 from deadman import Registry
 from deadman.db.queries import QUERIES
 from deadman.model import Job
@@ -45,17 +44,8 @@ async def bench_hold(job: Job, ctx: Any) -> None:
         await asyncio.sleep(job.payload["ms"] / 1000)
 
 
-def _io(ms: int) -> Callable[[Job, Any], Awaitable[None]]:
-    """A handler that awaits ``ms`` and returns."""
-
-    async def wait(job: Job, ctx: Any) -> None:
-        await asyncio.sleep(ms / 1000)
-
-    return wait
-
-
 for _ms in IO_WAITS_MS:
-    registry.register(f"bench_{io_name(_ms)}", _io(_ms))
+    registry.register(f"bench_{io_name(_ms)}", io_handler(_ms))
 
 
 @registry.handler("bench_effect")

@@ -31,6 +31,7 @@ from pgqueuer.queries import Queries
 
 from bench.common import (
     EFFECTS_DDL,
+    IO_LABELS,
     IO_WAITS_MS,
     PY,
     Send,
@@ -39,6 +40,7 @@ from bench.common import (
     cpu_snapshot,
     cpu_used,
     effects_once,
+    io_handler,
     io_name,
     latency_summary,
     mark_ready,
@@ -66,7 +68,7 @@ ENTRYPOINT_LABELS = {
     "noop": "",
     SYNC_ENTRYPOINT: ", asyncio.to_thread",
     EFFECT_ENTRYPOINT: f", one INSERT on a pool of {EFFECT_POOL}",
-    **{io_name(ms): f", awaits {ms} ms" for ms in IO_WAITS_MS},
+    **IO_LABELS,
 }
 
 
@@ -306,18 +308,12 @@ async def _worker_main(
         async with effects.acquire() as c:  # one INSERT, its own commit
             await c.execute("INSERT INTO bench_effects (job_id) VALUES ($1)", job.id)
 
-    def waits(ms: int) -> Callable[[Job], Awaitable[None]]:
-        async def io(job: Job) -> None:
-            await asyncio.sleep(ms / 1000)
-
-        return io
-
     handlers: list[tuple[str, Callable[[Job], Awaitable[None]]]] = [
         ("noop", noop),
         (SYNC_ENTRYPOINT, noop_sync),
         (EFFECT_ENTRYPOINT, effect),
     ]
-    handlers += [(io_name(ms), waits(ms)) for ms in IO_WAITS_MS]
+    handlers += [(io_name(ms), io_handler(ms)) for ms in IO_WAITS_MS]
     for name, fn in handlers:
         if concurrency_limit is None:
             qm.entrypoint(name)(fn)

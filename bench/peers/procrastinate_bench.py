@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from procrastinate.worker import WORKER_CONCURRENCY
 
 from bench.common import (
     EFFECTS_DDL,
+    IO_LABELS,
     IO_WAITS_MS,
     PY,
     Send,
@@ -31,6 +32,7 @@ from bench.common import (
     cpu_snapshot,
     cpu_used,
     effects_once,
+    io_handler,
     io_name,
     latency_summary,
     mark_ready,
@@ -53,18 +55,9 @@ SYNC_TASK = "noop_sync"
 EFFECT_TASK = "effect"
 #: what a burn-down's setting says about its task
 TASK_LABELS = {"noop": "", SYNC_TASK: ", a sync task", EFFECT_TASK: ", one INSERT"}
-TASK_LABELS.update({io_name(ms): f", awaits {ms} ms" for ms in IO_WAITS_MS})
+TASK_LABELS.update(IO_LABELS)
 # procrastinate's own default, read from the installed version (not assumed).
 DEFAULT_CONCURRENCY: int = WORKER_CONCURRENCY
-
-
-def _waits(ms: int) -> Callable[[], Awaitable[None]]:
-    """An io task's body: await ``ms`` and return."""
-
-    async def io() -> None:
-        await asyncio.sleep(ms / 1000)
-
-    return io
 
 
 def make_app(dsn: str) -> procrastinate.App:
@@ -86,7 +79,7 @@ def make_app(dsn: str) -> procrastinate.App:
         )
 
     for ms in IO_WAITS_MS:
-        app.task(name=io_name(ms))(_waits(ms))
+        app.task(name=io_name(ms))(io_handler(ms))
 
     @app.task(name="mark")
     async def mark(i: int, t: float) -> None:
