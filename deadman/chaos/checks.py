@@ -17,7 +17,14 @@ from deadman.chaos.workers import WorkerPool
 #: with the backlog. Measured peaks are ~45-50 MiB; this leaves room for noise.
 WORKER_RSS_LIMIT_MIB = 300.0
 
-_CUT_KEYS = ["worker", "leases_at_cut", "cut_s", "rescued_from_it", "refused_writes"]
+_CUT_KEYS = [
+    "worker",
+    "leases_at_cut",
+    "begun_at_cut",
+    "cut_s",
+    "rescued_from_it",
+    "refused_writes",
+]
 _RESTART_KEYS = [
     "down_s",
     "running_at_stop",

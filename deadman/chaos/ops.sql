@@ -35,11 +35,19 @@ ORDER BY pid;
 SELECT pg_terminate_backend(%(pid)s) AS terminated;
 
 -- name: leases_held
--- Leases one worker process holds, and how many of them it still holds in time.
+-- Leases one worker process holds, how many of them it still holds in time, and how
+-- many of those its handler has begun: recorded an invocation under that lease. A cut
+-- that meets only leases not yet begun runs nothing twice (the handler cannot record
+-- while cut off, and is abandoned once its lease is gone).
 SELECT count(*) AS held,
-       count(*) FILTER (WHERE lease_expires_at >= now()) AS live
-FROM deadman.jobs
-WHERE state = 'running' AND lease_worker = %(worker)s;
+       count(*) FILTER (WHERE j.lease_expires_at >= now()) AS live,
+       count(*) FILTER (
+           WHERE j.lease_expires_at >= now()
+             AND EXISTS (SELECT 1 FROM deadman.chaos_invocations i
+                         WHERE i.job_id = j.id AND i.lease_token = j.lease_token)
+       ) AS begun
+FROM deadman.jobs j
+WHERE j.state = 'running' AND j.lease_worker = %(worker)s;
 
 -- name: worker_id_of_pid
 -- Worker ids are hostname:pid:suffix; find the one a process registered.

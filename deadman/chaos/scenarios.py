@@ -69,9 +69,12 @@ def fleet_up(ctx: Context, timeout: float = 60.0) -> bool:
     return bool(ctx.wait(registered, timeout, 0.05))
 
 
-def _holding(ctx: Context, slot: int) -> tuple[int, str, int] | None:
-    """Wait until the slot's worker holds live leases; (pid, worker id, how many)."""
-    found: list[tuple[int, str, int]] = []
+def _holding(ctx: Context, slot: int) -> tuple[int, str, int, int] | None:
+    """Wait until the slot's worker holds a live lease whose handler has begun (recorded
+    its invocation); (pid, worker id, live leases, begun ones). Waiting for any lease
+    was not enough: a cut right after a claim met 32 leases and no begun handler, and
+    then nothing ran twice."""
+    found: list[tuple[int, str, int, int]] = []
 
     def holding() -> bool:
         pid = ctx.pool.pids().get(slot)
@@ -81,9 +84,9 @@ def _holding(ctx: Context, slot: int) -> tuple[int, str, int] | None:
         if worker is None:
             return False
         row = ctx.db.row("leases_held", {"worker": worker})
-        if row is None or int(row["live"]) == 0:
+        if row is None or int(row["begun"]) == 0:
             return False
-        found.append((pid, str(worker), int(row["live"])))
+        found.append((pid, str(worker), int(row["live"]), int(row["begun"])))
         return True
 
     return found[-1] if ctx.wait(holding, 60.0, 0.05) else None
@@ -103,7 +106,7 @@ def _cut_off(
             got = _holding(ctx, slot)
             if got is None or time.monotonic() > deadline:
                 return _never_held(ctx, slot)
-            pid, worker, held = got
+            pid, worker, held, begun = got
             with ctx.lock:
                 # A kill may have replaced the process between the look and now: cut
                 # off exactly the process whose leases we saw, or look again.
@@ -111,7 +114,7 @@ def _cut_off(
                     cut()
                     break
         cut_at = time.monotonic()
-        ctx.record(f"{how}-begin", f"w{slot}", pid=pid, worker=worker, leases=held)
+        ctx.record(f"{how}-begin", f"w{slot}", pid=pid, worker=worker, leases=held, begun=begun)
         # Counted from now on: the same process may have been through an earlier
         # episode, and its old refusals prove nothing about this one.
         rescued_before = _count(ctx, "rescued_from", worker)
@@ -137,6 +140,7 @@ def _cut_off(
             "slot": slot,
             "worker": worker,
             "leases_at_cut": held,
+            "begun_at_cut": begun,
             "cut_s": round(cut_s, 2),
             "rescued_from_it": rescued,
             "refused_writes": int(refused or 0),
