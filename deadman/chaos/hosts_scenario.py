@@ -3,9 +3,9 @@
 The hosts are deadman/chaos/hosts.py's: the API server on the first, the worker slots
 spread over the other two (even slots on ``workers-a``, odd ones on ``workers-b``, whose
 clock is hours ahead under libfaketime). Mid-run ``workers-a`` is cut off while one of
-its workers holds leases (the same episode as the partition, on a whole host) and healed
-once its leases lapsed and were rescued: by the skewed host's rescuer, whenever the
-skewed host leads.
+its workers holds leases whose handlers have begun (the same episode as the partition,
+on a whole host) and healed once its leases lapsed and were rescued: by the skewed
+host's rescuer, whenever the skewed host leads.
 
 The harness's own verification judges the rest: nothing lost, no effect doubled,
 duplicate executions counted. This episode adds what the database says about the skewed

@@ -95,7 +95,7 @@ def _holding(ctx: Context, slot: int) -> tuple[int, str, int, int] | None:
 def _cut_off(
     ctx: Context, slot: int, cut: Callable[[], Any], heal: Callable[[], Any], how: str
 ) -> dict[str, Any]:
-    """Cut a lease-holding worker off (``cut``) until every one of its leases has
+    """Cut off a worker running a leased job (``cut``) until every one of its leases has
     lapsed and the rescuer handed at least one on, then let it back (``heal``): its
     late writes must be refused, or given up on waking (it stands down from leases
     it can no longer trust), and either recorded."""
