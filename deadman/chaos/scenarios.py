@@ -150,16 +150,17 @@ def _cut_off(
 
 
 def _never_held(ctx: Context, slot: int) -> dict[str, Any]:
-    """The episode's verdict when its worker never held a lease: with the jobs left,
-    whether that worker registered, and its stacks (it may be stuck, not idle)."""
+    """The episode's verdict when its worker never held a lease whose handler began:
+    with the jobs left, whether that worker registered, and its stacks (it may be
+    stuck, not idle)."""
     left = (ctx.db.row("progress") or {}).get("outstanding")
     pid = ctx.pool.pids().get(slot)
     registered = None if pid is None else ctx.db.value("worker_id_of_pid", {"pid": pid})
     return {
         "ok": False,
-        "reason": f"the chosen worker never held a lease ({left} jobs were left: too few "
-        f"--jobs for the episodes to find work?; its process {pid}, registered as "
-        f"{registered})",
+        "reason": f"the chosen worker never held a lease whose handler began ({left} jobs "
+        f"were left: too few --jobs for the episodes to find work?; its process {pid}, "
+        f"registered as {registered})",
         "stacks": "" if pid is None else ctx.pool.stacks(slot)[-8000:],
     }
 
