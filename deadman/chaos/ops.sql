@@ -35,12 +35,11 @@ ORDER BY pid;
 SELECT pg_terminate_backend(%(pid)s) AS terminated;
 
 -- name: leases_held
--- Leases one worker process holds, how many of them it still holds in time, and how
--- many of those its handler has begun: recorded an invocation under that lease. A cut
--- that meets only leases not yet begun runs nothing twice (the handler cannot record
--- while cut off, and is abandoned once its lease is gone).
-SELECT count(*) AS held,
-       count(*) FILTER (WHERE j.lease_expires_at >= now()) AS live,
+-- How many leases one worker process still holds in time, and how many of those its
+-- handler has begun: recorded an invocation under that lease. A cut that meets only
+-- leases not yet begun runs nothing twice (the handler cannot record while cut off,
+-- and is abandoned once its lease is gone).
+SELECT count(*) FILTER (WHERE j.lease_expires_at >= now()) AS live,
        count(*) FILTER (
            WHERE j.lease_expires_at >= now()
              AND EXISTS (SELECT 1 FROM deadman.chaos_invocations i
