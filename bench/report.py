@@ -1445,15 +1445,15 @@ _SHAPE_SECTIONS = {
         "show what the guarantee costs. Verified as above, and every table holds "
         "exactly one row per job.\n",
     ),
+    "io": (
+        "## Handlers that wait: the same shapes, each job awaiting 10 ms or 100 ms\n",
+        "Each job's handler awaits a fixed time and returns (`bench/run.py`, "
+        "`io_handlers`: Deadman's `bench_io_<ms>` in `bench/deadman_app.py`, pgqueuer's "
+        "entrypoint and procrastinate's task `io_<ms>`), as a handler that calls another "
+        "service spends its time: waiting, not computing, so how many jobs a worker runs "
+        "at once decides its rate. Verified as above.\n",
+    ),
 }
-_SHAPE_SECTIONS["io"] = (
-    "## Handlers that wait: the same shapes, each job awaiting 10 ms or 100 ms\n",
-    "Each job's handler awaits a fixed time and returns (`bench/run.py`, `io_handlers`: "
-    "Deadman's `bench_io_<ms>` in `bench/deadman_app.py`, pgqueuer's entrypoint and "
-    "procrastinate's task `io_<ms>`), as a handler that calls another service spends its "
-    "time: waiting, not computing, so how many jobs a worker runs at once decides its "
-    "rate. Verified as above.\n",
-)
 #: the systems of a shapes section, in their order, Deadman's own rows first
 _SHAPE_SYSTEMS = ("deadman", "deadman_plain", *PEERS)
 #: what the effects section calls Deadman's two rows
@@ -1517,7 +1517,7 @@ def _io(data: dict[str, Any], w: Any, intro: bool = True) -> None:
 
 
 def _shapes(data: dict[str, Any], w: Any, key: str = "shapes", intro: bool = True) -> None:
-    """A shapes section (``key``: shapes, sync, effects); ``intro``: its heading and text
+    """A shapes section (``key``: shapes, sync, effects, io); ``intro``: its heading and text
     too."""
     sh = data.get(key)
     if not sh:

@@ -54,8 +54,12 @@ SYNC_TASK = "noop_sync"
 #: (procrastinate records the outcome in a statement of its own).
 EFFECT_TASK = "effect"
 #: what a burn-down's setting says about its task
-TASK_LABELS = {"noop": "", SYNC_TASK: ", a sync task", EFFECT_TASK: ", one INSERT"}
-TASK_LABELS.update(IO_LABELS)
+TASK_LABELS = {
+    "noop": "",
+    SYNC_TASK: ", a sync task",
+    EFFECT_TASK: ", one INSERT",
+    **IO_LABELS,
+}
 # procrastinate's own default, read from the installed version (not assumed).
 DEFAULT_CONCURRENCY: int = WORKER_CONCURRENCY
 
