@@ -363,8 +363,10 @@ def run(
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     acked_total = 0
     try:
-        for _ in range(servers):
-            server, base = serve(dsn, logdir / "http-serve.log")
+        for i in range(servers):
+            # a log of its own each: lines two servers append to one file cannot be told apart
+            name = "http-serve.log" if i == 0 else f"http-serve-{i + 1}.log"
+            server, base = serve(dsn, logdir / name)
             started.append(server)
             bases.append(base)
         for rep in range(reps):
