@@ -134,13 +134,18 @@ def test_sigkill_mid_job_another_worker_finishes_it(
 
 
 def test_zombie_worker_late_write_is_refused(db_dsn: str, spawn_worker: SpawnWorker) -> None:
-    zombie = spawn_worker(db_dsn, name="zombie")
+    # debug: its job_started line says the handler has begun, which the lease alone
+    # does not (a fresh-clone suite froze it after its claim committed and before the
+    # job's task first ran; woken, it gave the untrusted lease up before the handler
+    # began, so no write was attempted and none refused)
+    zombie = spawn_worker(db_dsn, name="zombie", DEADMAN_LOG_LEVEL="debug")
     zombie_id = wait_registered(db_dsn, zombie.pid)
     with Client(db_dsn) as client:
         # Sync handler: sleeps in a thread, then writes its effect inside
         # ctx.transaction(). Frozen mid-sleep, the zombie wakes up with the write to do.
         job = client.enqueue("side-effect", {"sleep_ms": ZOMBIE_SLEEP_MS})
     zombie_token = wait_held(db_dsn, job.id, zombie_id)
+    zombie.wait_event("job_started", 5, job_id=job.id)
     zombie.send(signal.SIGSTOP)
     stopped = time.monotonic()
     wait_for(lambda: process_state(zombie.pid) == "T", 5, message="the zombie to stop")
